@@ -1,0 +1,187 @@
+// FakeDevice: a simulated GPU behind the Device seam, for tests on machines without one.
+//
+// It is part of the product: link streampool, build a FakeDevice, hand it to a MemoryPool (or use
+// it directly) and unit-test stream-ordered GPU code on any machine. It simulates, faithfully where
+// the correctness of stream-ordered allocation depends on it:
+//
+//   memory   addresses in a simulated device address space, 256-byte aligned and never reused,
+//            not backed by host memory unless Options::host_backed is set; a capacity past which
+//            malloc fails with cudaErrorMemoryAllocation.
+//   work     launch(stream) enqueues a unit of work that stays pending until complete(stream),
+//            complete_all(), or a synchronize that covers it (or at once with auto-complete).
+//            Work completes in stream order; waiting on an event makes later work of a stream
+//            depend on the work the event covers.
+//   events   complete when the work enqueued on their stream before the record has completed.
+//   capture  the three modes, with the calls CUDA refuses during capture refused the same way
+//            (and the capture invalidated); captured work replays when the graph is launched.
+//   faults   fail_next(call) makes the next calls of a kind fail with CUDA's error for it;
+//            calls(call) counts them.
+//   hazards  a launch may name the memory it reads and writes; two accesses to the same bytes,
+//            at least one a write, from work that stream order and events do not order, are a
+//            race, recorded in hazards(). So is an access outside any live allocation, and a CUDA
+//            call from inside a user object's destructor.
+//
+// Streams are identified as in CUDA: handles of destroyed streams are reused at once by the next
+// create_stream(); stream ids never are. cudaStreamPerThread names a different stream in each
+// thread; 0 and cudaStreamLegacy name the legacy default stream. Not simulated: the legacy default
+// stream's implicit synchronization with blocking streams (the fake treats every stream as
+// independent, which can only report more hazards, never fewer), timing, multiple devices, and
+// streams joining a capture through events recorded in it (a capture covers one stream).
+//
+// Thread-safe: every member may be called from any thread.
+#pragma once
+
+#include <streampool/device.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace streampool {
+
+class FakeDevice final : public Device {
+ public:
+  struct Options {
+    int ordinal = 0;
+    // Device memory capacity in bytes; malloc fails past it.
+    std::size_t capacity = std::size_t{80} << 30;
+    // Back each allocation with host memory, so that tests (and work bodies) can read and write
+    // it through the returned address. Off by default: a replay of tens of GB then costs nothing.
+    bool host_backed = false;
+    // Work completes as soon as it is launched.
+    bool auto_complete = false;
+  };
+
+  // One kind per seam call.
+  enum class Call {
+    malloc,
+    free,
+    mem_get_info,
+    event_create,
+    event_destroy,
+    event_record,
+    event_query,
+    event_synchronize,
+    stream_wait_event,
+    stream_synchronize,
+    device_synchronize,
+    stream_id,
+    capture_info,
+    begin_capture,
+    end_capture,
+    graph_instantiate,
+    graph_launch,
+    graph_upload,
+    graph_exec_destroy,
+    graph_destroy,
+    user_object_create,
+    graph_retain_user_object,
+    user_object_release,
+  };
+  static constexpr int call_kinds = static_cast<int>(Call::user_object_release) + 1;
+
+  // A range of device memory that a unit of work reads or writes.
+  struct Access {
+    const void* ptr = nullptr;
+    std::size_t bytes = 0;
+    bool write = true;
+  };
+
+  // A race or misuse the simulation saw. `what` says which accesses conflicted, on which streams.
+  struct Hazard {
+    enum class Kind { race, out_of_bounds, call_in_user_object_destructor };
+    Kind kind;
+    std::string what;
+  };
+
+  FakeDevice();
+  explicit FakeDevice(Options options);
+  ~FakeDevice() override;
+  FakeDevice(const FakeDevice&) = delete;
+  FakeDevice& operator=(const FakeDevice&) = delete;
+
+  // --- the simulation's controls (not seam calls: never counted, never failed) ------------
+
+  cudaStream_t create_stream();
+  // Destroys a stream: its pending work stays pending (and completes when completed), and its
+  // handle goes to the next create_stream(), as CUDA does.
+  void destroy_stream(cudaStream_t stream);
+
+  // Enqueues a unit of work on `stream` touching `accesses`; `body`, if given, runs when the work
+  // completes (on the thread that completes it), so it can write host-backed memory like a
+  // kernel would. On a capturing stream the work is captured instead and runs on each launch of
+  // the graph.
+  void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
+              std::function<void()> body = {});
+  void launch(cudaStream_t stream, const std::vector<Access>& accesses,
+              std::function<void()> body = {});
+  // Completes the work enqueued on `stream` so far (and, first, whatever it waits on).
+  void complete(cudaStream_t stream);
+  // Completes all pending work.
+  void complete_all();
+  void set_auto_complete(bool on);
+  // The number of units of work enqueued and not yet complete, on all streams.
+  std::size_t pending_work() const;
+
+  void set_capacity(std::size_t bytes);
+  std::size_t live_bytes() const;
+  std::size_t live_allocations() const;
+
+  // The next `count` calls of `call` fail with `error` (by default, the error CUDA gives for
+  // that call when it runs out of resources: cudaErrorMemoryAllocation for malloc, creation and
+  // instantiation, cudaErrorLaunchFailure for the rest). A failed call has no effect.
+  void fail_next(Call call, int count = 1);
+  void fail_next(Call call, int count, cudaError_t error);
+  // How many calls of this kind were made (failed ones included).
+  std::uint64_t calls(Call call) const;
+  std::uint64_t total_calls() const;
+  // Launches of this executable graph so far.
+  std::uint64_t graph_launches(cudaGraphExec_t exec) const;
+  // User objects whose destructor has not run yet.
+  std::size_t live_user_objects() const;
+
+  std::vector<Hazard> hazards() const;
+  void clear_hazards();
+
+  static const char* call_name(Call call) noexcept;
+
+  // --- the seam ---------------------------------------------------------------------------
+
+  int ordinal() const noexcept override;
+  cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override;
+  cudaError_t free(void* ptr) noexcept override;
+  cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept override;
+  cudaError_t event_create(cudaEvent_t* event) noexcept override;
+  cudaError_t event_destroy(cudaEvent_t event) noexcept override;
+  cudaError_t event_record(cudaEvent_t event, cudaStream_t stream) noexcept override;
+  cudaError_t event_query(cudaEvent_t event) noexcept override;
+  cudaError_t event_synchronize(cudaEvent_t event) noexcept override;
+  cudaError_t stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept override;
+  cudaError_t stream_synchronize(cudaStream_t stream) noexcept override;
+  cudaError_t device_synchronize() noexcept override;
+  cudaError_t stream_id(cudaStream_t stream, StreamId* id) noexcept override;
+  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
+                           CaptureId* id) noexcept override;
+  cudaError_t begin_capture(cudaStream_t stream, CaptureMode mode) noexcept override;
+  cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) noexcept override;
+  cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) noexcept override;
+  cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
+  cudaError_t graph_upload(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
+  cudaError_t graph_exec_destroy(cudaGraphExec_t exec) noexcept override;
+  cudaError_t graph_destroy(cudaGraph_t graph) noexcept override;
+  cudaError_t user_object_create(cudaUserObject_t* object, void* ptr,
+                                 cudaHostFn_t destroy) noexcept override;
+  cudaError_t graph_retain_user_object(cudaGraph_t graph,
+                                       cudaUserObject_t object) noexcept override;
+  cudaError_t user_object_release(cudaUserObject_t object) noexcept override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace streampool

@@ -1,0 +1,72 @@
+// PoolOptions: everything a MemoryPool can be configured with, in code or through the
+// STREAMPOOL_CONF environment variable ("key=value,key=value", as PYTORCH_CUDA_ALLOC_CONF), so that
+// a configuration found by `streampool-bench tune` applies without a rebuild.
+#pragma once
+
+#include <streampool/size_classes.hpp>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace streampool {
+
+// What the pool asks CUDA on each allocation to learn which stream it is for. A runtime call costs
+// 34-60 ns on the H200, so this is the main price of safety on the fast path.
+enum class StreamChecks {
+  // No call: a stream handle is trusted to name the stream it named when the pool last saw it in
+  // this thread. Call release_stream(s) before destroying s (or never destroy a stream the pool
+  // has seen), and capture only through begin_capture_with_pool. The fastest setting.
+  none,
+  // One cudaStreamGetId per allocation: safe when CUDA hands a destroyed stream's handle to a new
+  // stream. A capture begun without a pool is caught only when the allocation misses the cache.
+  identity,
+  // cudaStreamGetId and the capture status per allocation: also catches, on every allocation, a
+  // capture begun without a pool (Errc::capture_without_pool). The default.
+  full,
+};
+
+struct PoolOptions {
+  // Size classes of the small tier: requests up to size_classes.largest are cached per stream in
+  // blocks of their class.
+  SizeClassConfig size_classes{512, 4, std::size_t{1} << 20, 256};
+  // Small blocks are carved from slabs of about this size (at least one block).
+  std::size_t slab_bytes = std::size_t{2} << 20;
+  // The large tier reserves device memory in segments of at least this size and serves larger
+  // requests best-fit from them, splitting and coalescing ranges.
+  std::size_t segment_bytes = std::size_t{64} << 20;
+  // Large requests round up to a multiple of this (a power of two, at least the alignment).
+  std::size_t large_rounding = std::size_t{512} << 10;
+  // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
+  // fails with Errc::out_of_memory, as when the device itself refuses.
+  std::size_t max_reserved_bytes = 0;
+  // One fence per drop, recorded at the drop: the simplest safe design, and the reference the
+  // default (fences recorded only when another stream wants the blocks) is measured against.
+  bool fence_every_free = false;
+  // A stream that wants a block whose fence is recorded but not complete may wait on the fence
+  // (cudaStreamWaitEvent) and take the block at once, instead of leaving it and growing.
+  bool cross_stream_wait = false;
+  StreamChecks stream_checks = StreamChecks::full;
+  // Pool-wide peaks of requested bytes are exact to within 2 x stats_granule per stream (0: exact,
+  // at the price of one shared atomic update per allocation and drop).
+  std::size_t stats_granule = std::size_t{1} << 20;
+  // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
+  bool read_environment = true;
+
+  // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
+  // slab, segment, large_rounding, max_reserved, fence_every_free, cross_stream_wait,
+  // stream_checks (none|identity|full), stats_granule. Sizes take a K, M or G suffix (binary).
+  // Throws Error(Errc::invalid_value) naming the bad key or value.
+  static PoolOptions parse(std::string_view conf, const PoolOptions& base);
+  static PoolOptions parse(std::string_view conf);
+  // `base` with STREAMPOOL_CONF applied, if it is set.
+  static PoolOptions from_environment(const PoolOptions& base);
+  // The conf line that parse() turns back into these options.
+  std::string to_conf() const;
+  // Why these options are unusable, or an empty string.
+  std::string validate() const;
+
+  friend bool operator==(const PoolOptions&, const PoolOptions&) = default;
+};
+
+}  // namespace streampool

@@ -1,0 +1,100 @@
+// Size classes: the pure mapping from a request size to the block size the pool caches it in.
+//
+// Configured by four numbers (SizeClassConfig):
+//   smallest     the smallest block; every request up to it gets one of these (default 512 B)
+//   per_doubling classes between one power-of-two multiple of `smallest` and the next: 1, 2, 4, 8
+//   largest      the largest request that is cached in a class; larger ones are "large" and
+//                take the pool's large-block path
+//   alignment    every block size is a multiple of it: a power of two, at least 256 B (what
+//                cudaMalloc guarantees, so a block carved at an aligned offset stays aligned)
+//
+// Class 0 holds requests of 1..smallest bytes. Above that, the band (smallest·2^k, smallest·2^(k+1)]
+// is cut into steps of round_up(smallest·2^k / per_doubling, alignment); a request rounds up to the
+// next step. Low bands, whose nominal step is finer than the alignment, therefore have fewer than
+// `per_doubling` classes.
+//
+// The promise, checked for every size up to a few MiB and sampled beyond by the size-class test:
+//   block_size(class_of(n)) >= n
+//   block_size(class_of(n)) % alignment == 0
+//   block_size(class_of(n)) - n < max(smallest, n / per_doubling + alignment)
+// so with 4 classes per doubling a large request wastes under a quarter of its size, and a small
+// one under one alignment unit more than that.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace streampool {
+
+struct SizeClassConfig {
+  std::size_t smallest = 512;
+  unsigned per_doubling = 4;
+  std::size_t largest = std::size_t{64} << 20;
+  std::size_t alignment = 256;
+
+  friend constexpr bool operator==(const SizeClassConfig&, const SizeClassConfig&) = default;
+};
+
+// Why `config` is unusable, or an empty string when it is fine.
+std::string validate(const SizeClassConfig& config);
+
+class SizeClasses {
+ public:
+  static constexpr unsigned max_bands = 48;
+  static constexpr unsigned max_classes = 1 + max_bands * 8;
+
+  // Precondition: validate(config) is empty (MemoryPool checks and throws before it gets here).
+  constexpr explicit SizeClasses(const SizeClassConfig& config = {}) : config_(config) {
+    unsigned count = 1;
+    block_[0] = config.smallest;
+    for (unsigned k = 0; k < max_bands; ++k) {
+      band_first_[k] = count;
+      const std::size_t base = config.smallest << k;
+      const std::size_t step = step_of(base);
+      for (std::size_t block = base + step; ; block += step) {
+        block_[count++] = block < 2 * base ? block : 2 * base;
+        if (block >= 2 * base) break;
+      }
+      if (2 * base >= config.largest || count + 8 > max_classes) break;
+    }
+    count_ = class_of_unchecked(config.largest) + 1;
+  }
+
+  const SizeClassConfig& config() const noexcept { return config_; }
+  // Number of classes; class indices are 0 .. count() - 1.
+  constexpr unsigned count() const noexcept { return count_; }
+  // The largest block a class holds: requests above it are large.
+  constexpr std::size_t max_block_size() const noexcept { return block_[count_ - 1]; }
+  constexpr bool is_large(std::size_t bytes) const noexcept { return bytes > max_block_size(); }
+
+  // Precondition: !is_large(bytes).
+  constexpr unsigned class_of(std::size_t bytes) const noexcept { return class_of_unchecked(bytes); }
+  // Precondition: index < count().
+  constexpr std::size_t block_size(unsigned index) const noexcept { return block_[index]; }
+
+ private:
+  constexpr std::size_t step_of(std::size_t base) const noexcept {
+    const std::size_t nominal = base / config_.per_doubling;
+    return (nominal + config_.alignment - 1) / config_.alignment * config_.alignment;
+  }
+
+  constexpr unsigned class_of_unchecked(std::size_t bytes) const noexcept {
+    if (bytes <= config_.smallest) return 0;
+    // k: the band with smallest·2^k < bytes <= smallest·2^(k+1)
+    const unsigned k = static_cast<unsigned>(std::bit_width((bytes - 1) / config_.smallest)) - 1;
+    const std::size_t base = config_.smallest << k;
+    const std::size_t step = step_of(base);
+    const std::size_t j = (bytes - base + step - 1) / step;  // 1-based step within the band
+    return band_first_[k] + static_cast<unsigned>(j) - 1;
+  }
+
+  SizeClassConfig config_;
+  unsigned count_ = 0;
+  std::array<unsigned, max_bands> band_first_{};
+  std::array<std::size_t, max_classes> block_{};
+};
+
+}  // namespace streampool

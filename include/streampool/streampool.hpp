@@ -1,0 +1,16 @@
+// streampool: a stream-ordered caching allocator for CUDA. The umbrella header.
+#pragma once
+
+#include <streampool/cuda_device.hpp>
+#include <streampool/device.hpp>
+#include <streampool/error.hpp>
+#include <streampool/fake_device.hpp>
+#include <streampool/size_classes.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pool_options.hpp>
+#include <streampool/pool_stats.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#ifndef __CUDACC__  // fmt 9's headers do not compile under nvcc 13
+#include <streampool/format.hpp>
+#endif

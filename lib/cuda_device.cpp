@@ -1,0 +1,191 @@
+// CudaDevice: each seam call on the CUDA runtime, run with this device current.
+//
+// Switching devices costs a cudaGetDevice (~34 ns on the H200) and, only when the caller's device
+// differs, two cudaSetDevice calls. Every call here is on a slow path of the pool (a device
+// allocation, a fence, a capture), never on the same-stream fast path.
+#include <streampool/cuda_device.hpp>
+#include <streampool/error.hpp>
+
+#include <string>
+
+namespace streampool {
+namespace {
+
+// Makes `ordinal` current for its scope and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      status_ = cudaSetDevice(ordinal);
+      previous_ = -1;
+      return;
+    }
+    if (previous_ != ordinal) status_ = cudaSetDevice(ordinal);
+    else previous_ = -1;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  cudaError_t status() const noexcept { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+template <class F>
+cudaError_t on_device(int ordinal, F&& call) noexcept {
+  DeviceScope scope(ordinal);
+  if (scope.status() != cudaSuccess) return scope.status();
+  return call();
+}
+
+cudaStreamCaptureMode to_cuda(CaptureMode mode) noexcept {
+  switch (mode) {
+    case CaptureMode::global: return cudaStreamCaptureModeGlobal;
+    case CaptureMode::thread_local_: return cudaStreamCaptureModeThreadLocal;
+    case CaptureMode::relaxed: return cudaStreamCaptureModeRelaxed;
+  }
+  return cudaStreamCaptureModeGlobal;
+}
+
+}  // namespace
+
+int CudaDevice::count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not a sticky error, but clear it anyway
+    return 0;
+  }
+  return n;
+}
+
+CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+  int n = 0;
+  const cudaError_t status = cudaGetDeviceCount(&n);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(Errc::no_device,
+                "CudaDevice(" + std::to_string(ordinal) + "): " + describe_cuda_error(status));
+  }
+  if (ordinal < 0 || ordinal >= n) {
+    throw Error(Errc::no_device, "CudaDevice(" + std::to_string(ordinal) + "): CUDA sees " +
+                                     std::to_string(n) + " device(s)");
+  }
+}
+
+cudaError_t CudaDevice::malloc(void** ptr, std::size_t bytes) noexcept {
+  return on_device(ordinal_, [&] { return cudaMalloc(ptr, bytes); });
+}
+
+cudaError_t CudaDevice::free(void* ptr) noexcept {
+  return on_device(ordinal_, [&] { return cudaFree(ptr); });
+}
+
+cudaError_t CudaDevice::mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept {
+  return on_device(ordinal_, [&] { return cudaMemGetInfo(free_bytes, total_bytes); });
+}
+
+cudaError_t CudaDevice::event_create(cudaEvent_t* event) noexcept {
+  return on_device(ordinal_,
+                   [&] { return cudaEventCreateWithFlags(event, cudaEventDisableTiming); });
+}
+
+cudaError_t CudaDevice::event_destroy(cudaEvent_t event) noexcept {
+  return on_device(ordinal_, [&] { return cudaEventDestroy(event); });
+}
+
+cudaError_t CudaDevice::event_record(cudaEvent_t event, cudaStream_t stream) noexcept {
+  return on_device(ordinal_, [&] { return cudaEventRecord(event, stream); });
+}
+
+// Queries and waits on an event or a stream need no current device: CUDA resolves the handle's
+// own context. Skipping the switch keeps fence polling at one runtime call.
+cudaError_t CudaDevice::event_query(cudaEvent_t event) noexcept { return cudaEventQuery(event); }
+
+cudaError_t CudaDevice::event_synchronize(cudaEvent_t event) noexcept {
+  return cudaEventSynchronize(event);
+}
+
+cudaError_t CudaDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept {
+  return on_device(ordinal_, [&] { return cudaStreamWaitEvent(stream, event, 0); });
+}
+
+cudaError_t CudaDevice::stream_synchronize(cudaStream_t stream) noexcept {
+  return on_device(ordinal_, [&] { return cudaStreamSynchronize(stream); });
+}
+
+cudaError_t CudaDevice::device_synchronize() noexcept {
+  return on_device(ordinal_, [&] { return cudaDeviceSynchronize(); });
+}
+
+cudaError_t CudaDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
+  return on_device(ordinal_, [&] { return cudaStreamGetId(stream, id); });
+}
+
+cudaError_t CudaDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
+                                     CaptureId* id) noexcept {
+  return on_device(ordinal_, [&] {
+    cudaStreamCaptureStatus cuda_status = cudaStreamCaptureStatusNone;
+    unsigned long long capture = 0;
+    const cudaError_t result = cudaStreamGetCaptureInfo(stream, &cuda_status, &capture);
+    if (result != cudaSuccess) return result;
+    switch (cuda_status) {
+      case cudaStreamCaptureStatusNone: *status = CaptureStatus::none; break;
+      case cudaStreamCaptureStatusActive: *status = CaptureStatus::active; break;
+      case cudaStreamCaptureStatusInvalidated: *status = CaptureStatus::invalidated; break;
+    }
+    if (id != nullptr) *id = cuda_status == cudaStreamCaptureStatusActive ? capture : 0;
+    return cudaSuccess;
+  });
+}
+
+cudaError_t CudaDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noexcept {
+  return on_device(ordinal_, [&] { return cudaStreamBeginCapture(stream, to_cuda(mode)); });
+}
+
+cudaError_t CudaDevice::end_capture(cudaStream_t stream, cudaGraph_t* graph) noexcept {
+  return on_device(ordinal_, [&] { return cudaStreamEndCapture(stream, graph); });
+}
+
+cudaError_t CudaDevice::graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) noexcept {
+  return on_device(ordinal_, [&] { return cudaGraphInstantiate(exec, graph, 0); });
+}
+
+cudaError_t CudaDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) noexcept {
+  return on_device(ordinal_, [&] { return cudaGraphLaunch(exec, stream); });
+}
+
+cudaError_t CudaDevice::graph_upload(cudaGraphExec_t exec, cudaStream_t stream) noexcept {
+  return on_device(ordinal_, [&] { return cudaGraphUpload(exec, stream); });
+}
+
+cudaError_t CudaDevice::graph_exec_destroy(cudaGraphExec_t exec) noexcept {
+  return on_device(ordinal_, [&] { return cudaGraphExecDestroy(exec); });
+}
+
+cudaError_t CudaDevice::graph_destroy(cudaGraph_t graph) noexcept {
+  return on_device(ordinal_, [&] { return cudaGraphDestroy(graph); });
+}
+
+cudaError_t CudaDevice::user_object_create(cudaUserObject_t* object, void* ptr,
+                                           cudaHostFn_t destroy) noexcept {
+  return on_device(ordinal_, [&] {
+    return cudaUserObjectCreate(object, ptr, destroy, 1, cudaUserObjectNoDestructorSync);
+  });
+}
+
+cudaError_t CudaDevice::graph_retain_user_object(cudaGraph_t graph,
+                                                 cudaUserObject_t object) noexcept {
+  return on_device(ordinal_,
+                   [&] { return cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove); });
+}
+
+cudaError_t CudaDevice::user_object_release(cudaUserObject_t object) noexcept {
+  return on_device(ordinal_, [&] { return cudaUserObjectRelease(object, 1); });
+}
+
+}  // namespace streampool

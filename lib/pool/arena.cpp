@@ -1,0 +1,245 @@
+// The arena: device segments, each an address-ordered list of ranges, and the large tier.
+//
+// A large request is rounded up to options.large_rounding and served best-fit from the free
+// ranges (indexed by size), splitting off the rest; a free range merges with free neighbours that
+// belong to the same stream (or are both clean). A free range owned by a stream is usable on that
+// stream at once and elsewhere once its fence completed, like a small block. When nothing fits,
+// the arena grows by a device allocation of at least options.segment_bytes.
+//
+// Invariant: a segment's ranges tile it exactly, in address order; every free range is in
+// free_ranges_ exactly once, and no two adjacent free ranges have the same owner.
+#include "capture_guard.hpp"
+#include "pool_core.hpp"
+
+#include <streampool/error.hpp>
+
+namespace streampool::detail {
+namespace {
+constexpr int best_fit_scan = 64;  // candidates examined before growing
+}
+
+Block* PoolCore::new_block() {
+  if (!spare_blocks_.empty()) {
+    Block* b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    *b = Block{};
+    return b;
+  }
+  return new Block{};
+}
+
+void PoolCore::delete_block(Block* b) noexcept {
+  try {
+    spare_blocks_.push_back(b);
+  } catch (const std::bad_alloc&) {
+    delete b;
+  }
+}
+
+bool PoolCore::range_clean(Block* range) noexcept {
+  if (range->state == nullptr) return true;
+  if (range->tag < range->state->completed.load(std::memory_order_acquire)) {
+    range->state = nullptr;
+    return true;
+  }
+  return false;
+}
+
+void PoolCore::arena_insert_free(Block* range) noexcept {
+  range->free = true;
+  try {
+    free_ranges_.insert(range);
+  } catch (const std::bad_alloc&) {
+    // Unindexed, the range is lost to reuse until its segment is freed; nothing breaks.
+  }
+}
+
+void PoolCore::arena_erase_free(Block* range) noexcept { free_ranges_.erase(range); }
+
+Block* PoolCore::arena_find(StreamState* s, std::size_t bytes) noexcept {
+  Block probe;
+  probe.size = bytes;
+  int scanned = 0;
+  for (auto it = free_ranges_.lower_bound(&probe);
+       it != free_ranges_.end() && scanned < best_fit_scan; ++it, ++scanned) {
+    Block* range = *it;
+    if ((s != nullptr && range->state == s) || range_clean(range)) return range;
+  }
+  return nullptr;
+}
+
+Block* PoolCore::arena_grow(std::size_t bytes, std::error_code& error) noexcept {
+  if (!unsafe_calls_allowed()) {
+    error = make_error_code(Errc::capture_forbids_call);
+    return nullptr;
+  }
+  const std::size_t limit = options_.max_reserved_bytes;
+  std::size_t size = std::max(bytes, options_.segment_bytes);
+  const auto reserved = static_cast<std::size_t>(reserved_.load());
+  if (limit != 0 && reserved + size > limit) size = bytes;
+  if (limit != 0 && reserved + size > limit) {
+    error = make_error_code(Errc::out_of_memory);
+    return nullptr;
+  }
+  void* ptr = nullptr;
+  cudaError_t status = device_->malloc(&ptr, size);
+  if (status == cudaErrorMemoryAllocation && size > bytes) {
+    size = bytes;  // a whole segment does not fit: the request alone may
+    status = device_->malloc(&ptr, size);
+  }
+  if (status != cudaSuccess) {
+    error = make_error_code(status == cudaErrorMemoryAllocation ? Errc::out_of_memory
+                                                                : errc_from_cuda(status));
+    return nullptr;
+  }
+  try {
+    auto segment = std::make_unique<Segment>();
+    Block* range = new_block();
+    range->ptr = static_cast<std::byte*>(ptr);
+    range->size = size;
+    range->large = true;
+    range->segment = segment.get();
+    segment->base = range->ptr;
+    segment->size = size;
+    segment->first = range;
+    segments_.push_back(std::move(segment));
+    count_device_allocation(size);
+    return range;
+  } catch (const std::bad_alloc&) {
+    device_->free(ptr);
+    error = make_error_code(Errc::out_of_memory);
+    return nullptr;
+  }
+}
+
+Block* PoolCore::arena_take(StreamState* s, std::size_t bytes, std::error_code& error) noexcept {
+  Block* range = arena_find(s, bytes);
+  if (range != nullptr) {
+    arena_erase_free(range);
+  } else {
+    range = arena_grow(bytes, error);
+    if (range == nullptr) return nullptr;
+  }
+  if (range->size - bytes >= options_.large_rounding) {
+    Block* rest = nullptr;
+    try {
+      rest = new_block();
+    } catch (const std::bad_alloc&) {
+    }
+    if (rest != nullptr) {
+      rest->ptr = range->ptr + bytes;
+      rest->size = range->size - bytes;
+      rest->large = true;
+      rest->segment = range->segment;
+      rest->state = range->state;
+      rest->tag = range->tag;
+      rest->before = range;
+      rest->after = range->after;
+      if (range->after != nullptr) range->after->before = rest;
+      range->after = rest;
+      range->size = bytes;
+      arena_insert_free(rest);
+    }
+  }
+  range->free = false;
+  return range;
+}
+
+void PoolCore::arena_free(Block* range) noexcept {
+  // Merge with free neighbours of the same owner (after learning which owners' fences completed).
+  range_clean(range);
+  const auto mergeable = [&](Block* neighbour) {
+    if (neighbour == nullptr || !neighbour->free || neighbour->is_slab) return false;
+    range_clean(neighbour);
+    return neighbour->state == range->state;
+  };
+  while (mergeable(range->before)) {
+    Block* left = range->before;
+    arena_erase_free(left);
+    left->size += range->size;
+    left->after = range->after;
+    if (range->after != nullptr) range->after->before = left;
+    left->tag = std::max(left->tag, range->tag);
+    delete_block(range);
+    range = left;
+  }
+  while (mergeable(range->after)) {
+    Block* right = range->after;
+    arena_erase_free(right);
+    range->size += right->size;
+    range->after = right->after;
+    if (right->after != nullptr) right->after->before = range;
+    range->tag = std::max(range->tag, right->tag);
+    delete_block(right);
+  }
+  range->is_slab = false;
+  arena_insert_free(range);
+}
+
+Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
+  const std::size_t rounding = options_.large_rounding;
+  if (bytes > (std::size_t{1} << 50)) {  // no device has a PiB; also keeps the rounding exact
+    error = make_error_code(Errc::out_of_memory);
+    return nullptr;
+  }
+  const std::size_t rounded = (bytes + rounding - 1) / rounding * rounding;
+  bool grew = false;
+  const auto attempt = [&]() -> Block* {
+    std::lock_guard<std::mutex> arena(arena_mutex_);
+    const std::size_t segments = segments_.size();
+    Block* range = arena_take(&s, rounded, error);
+    grew = segments_.size() != segments;
+    return range;
+  };
+  Block* range = with_reclaim(attempt, error);
+  if (range == nullptr) return nullptr;
+  s.lock.lock();
+  if (grew) ++s.counters.misses;
+  else ++s.counters.hits;
+  s.lock.unlock();
+  return range;
+}
+
+void PoolCore::release_large(Block* b) noexcept {
+  StreamState& s = *b->state;
+  s.lock.lock();
+  const bool orphaned = count_release(s, b);
+  const std::uint32_t attention = s.attention.load(std::memory_order_relaxed);
+  if ((options_.fence_every_free || (attention & wants_fence) != 0) && s.addressable()) {
+    record_fence(s);
+    s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
+  }
+  const std::uint64_t tag = s.fence_seq.load(std::memory_order_relaxed);
+  s.lock.unlock();
+  {
+    std::lock_guard<std::mutex> arena(arena_mutex_);
+    b->state = &s;
+    b->tag = tag;
+    arena_free(b);
+  }
+  if (orphaned) orphan_release();
+}
+
+std::size_t PoolCore::release_free_segments(std::size_t bytes_to_keep) noexcept {
+  std::size_t released = 0;
+  for (std::size_t i = 0; i < segments_.size();) {
+    if (static_cast<std::size_t>(reserved_.load()) <= bytes_to_keep) break;
+    Segment& segment = *segments_[i];
+    Block* range = segment.first;
+    const bool whole = range->free && !range->is_slab && range->size == segment.size &&
+                       range_clean(range);
+    if (!whole || !unsafe_calls_allowed() || device_->free(segment.base) != cudaSuccess) {
+      ++i;
+      continue;
+    }
+    arena_erase_free(range);
+    delete_block(range);
+    count_device_free(segment.size);
+    released += segment.size;
+    segments_[i] = std::move(segments_.back());
+    segments_.pop_back();
+  }
+  return released;
+}
+
+}  // namespace streampool::detail

@@ -1,0 +1,90 @@
+// MemoryPool and PooledBuffer: the public face of PoolCore.
+#include "pool_core.hpp"
+
+#include <streampool/error.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#include <fmt/format.h>
+
+namespace streampool {
+namespace {
+
+PoolOptions checked(PoolOptions options) {
+  if (options.read_environment) options = PoolOptions::from_environment(options);
+  if (std::string why = options.validate(); !why.empty()) {
+    throw Error(Errc::invalid_value, "MemoryPool options: " + why);
+  }
+  return options;
+}
+
+}  // namespace
+
+MemoryPool::MemoryPool(std::shared_ptr<Device> device, PoolOptions options) {
+  if (device == nullptr) throw Error(Errc::invalid_value, "MemoryPool: no device");
+  core_ = new detail::PoolCore(std::move(device), checked(std::move(options)));
+}
+
+MemoryPool::~MemoryPool() { core_->orphan(); }
+
+void* MemoryPool::allocate(std::size_t bytes, cudaStream_t stream) {
+  std::error_code error;
+  void* ptr = core_->allocate_raw(bytes, stream, error);
+  if (ptr == nullptr) detail::throw_allocation_error(*this, error, bytes, stream);
+  return ptr;
+}
+
+void* MemoryPool::try_allocate(std::size_t bytes, cudaStream_t stream,
+                               std::error_code& error) noexcept {
+  error.clear();
+  return core_->allocate_raw(bytes, stream, error);
+}
+
+void MemoryPool::deallocate(void* ptr, std::size_t, cudaStream_t stream) noexcept {
+  core_->deallocate_raw(ptr, stream);
+}
+
+void MemoryPool::release_stream(cudaStream_t stream) { core_->release_stream(stream); }
+
+void MemoryPool::trim(std::size_t bytes_to_keep) { core_->trim(bytes_to_keep); }
+
+PoolStats MemoryPool::stats() const { return core_->stats(); }
+
+const PoolOptions& MemoryPool::options() const noexcept { return core_->options(); }
+
+Device& MemoryPool::device() const noexcept { return core_->device(); }
+
+namespace detail {
+
+Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
+                      std::error_code& error) noexcept {
+  return pool.core().allocate(bytes, stream, error);
+}
+
+void* block_address(const Block* block) noexcept { return block->ptr; }
+
+void release_block(Block* block) noexcept { block->state->core->release(block); }
+
+void record_block_stream(Block* block, cudaStream_t stream) {
+  block->state->core->record_stream(block, stream);
+}
+
+void throw_allocation_error(MemoryPool& pool, std::error_code error, std::size_t bytes,
+                            cudaStream_t stream) {
+  const auto code = static_cast<Errc>(error.value());
+  if (error.category() != category()) throw std::system_error(error, "allocation");
+  switch (code) {
+    case Errc::out_of_memory:
+      throw Error(code, pool.core().out_of_memory_message(bytes, stream));
+    case Errc::invalid_value:
+      throw Error(code, fmt::format("allocation of {} bytes: the size must be positive and "
+                                    "representable",
+                                    bytes));
+    default:
+      throw Error(code, fmt::format("allocation of {} bytes on stream {}", bytes,
+                                    static_cast<const void*>(stream)));
+  }
+}
+
+}  // namespace detail
+}  // namespace streampool

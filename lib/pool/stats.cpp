@@ -1,0 +1,100 @@
+// Statistics. Counters of one stream live in its state, under its lock, and are summed when
+// stats() is called: no fast-path update touches memory another thread's fast path writes.
+//
+// Pool-wide peaks need a pool-wide sum, which a shared atomic would give at the price of every
+// thread writing one cache line. Instead each stream publishes its contribution: it adds to the
+// shared sums only when its own value rises above what it last published, or falls more than two
+// granules below it. The published sum is never below the true sum and at most two granules per
+// stream above it; with a single stream the peak is exact (a rise publishes the exact value), and
+// with stats_granule = 0 it is always exact.
+#include "pool_core.hpp"
+
+#include <fmt/format.h>
+
+namespace streampool::detail {
+namespace {
+
+void raise_peak(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept {
+  std::int64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void publish_one(std::int64_t value, std::int64_t& published, std::int64_t slack,
+                 std::atomic<std::int64_t>& sum, std::atomic<std::int64_t>& peak) noexcept {
+  if (value <= published && published - value <= slack) return;
+  const std::int64_t delta = value - published;
+  published = value;
+  const std::int64_t now = sum.fetch_add(delta, std::memory_order_relaxed) + delta;
+  if (delta > 0) raise_peak(peak, now);
+}
+
+}  // namespace
+
+void PoolCore::publish(StreamCounters& c) noexcept {
+  const auto granule = static_cast<std::int64_t>(options_.stats_granule);
+  publish_one(c.requested, c.requested_published, 2 * granule, requested_published_,
+              requested_peak_);
+  // Allocation counts move by one: a granule of 64 allocations for every MiB of byte granule.
+  const std::int64_t count_slack = granule == 0 ? 0 : 2 * std::max<std::int64_t>(1, granule >> 14);
+  publish_one(c.live, c.live_published, count_slack, live_published_, live_peak_);
+}
+
+void PoolCore::count_device_allocation(std::size_t bytes) noexcept {
+  const auto n = static_cast<std::int64_t>(bytes);
+  device_allocations_.fetch_add(1, std::memory_order_relaxed);
+  reserved_total_.fetch_add(n, std::memory_order_relaxed);
+  raise_peak(reserved_peak_, reserved_.fetch_add(n) + n);
+}
+
+void PoolCore::count_device_free(std::size_t bytes) noexcept {
+  device_frees_.fetch_add(1, std::memory_order_relaxed);
+  reserved_.fetch_sub(static_cast<std::int64_t>(bytes));
+}
+
+PoolStats PoolCore::stats() const {
+  PoolStats s;
+  {
+    std::lock_guard<std::mutex> registry(registry_mutex_);
+    for (const auto& state : states_) {
+      state->lock.lock();
+      const StreamCounters& c = state->counters;
+      s.requested_bytes.current += c.requested;
+      s.requested_bytes.total += c.requested_total;
+      s.live_allocations.current += c.live;
+      s.live_allocations.total += c.live_total;
+      s.cache_hits += c.hits;
+      s.cache_misses += c.misses;
+      s.fences_recorded += c.fences;
+      s.cross_stream_reuses += c.cross_stream;
+      s.blocking_fallbacks += c.blocking;
+      state->lock.unlock();
+    }
+  }
+  s.requested_bytes.peak = std::max(requested_peak_.load(), s.requested_bytes.current);
+  s.live_allocations.peak = std::max(live_peak_.load(), s.live_allocations.current);
+  s.reserved_bytes = {reserved_.load(), reserved_peak_.load(), reserved_total_.load()};
+  s.device_allocations = device_allocations_.load();
+  s.device_frees = device_frees_.load();
+  s.oom_retries = oom_retries_.load();
+  return s;
+}
+
+}  // namespace streampool::detail
+
+namespace streampool {
+
+std::string to_string(const PoolStats& s) {
+  const auto counter = [](const StatCounter& c) {
+    return fmt::format("{} (peak {}, total {})", c.current, c.peak, c.total);
+  };
+  return fmt::format(
+      "requested bytes {}; reserved bytes {}; live allocations {}; cache hits {}, misses {}; "
+      "device allocations {}, frees {}; fences {}; cross-stream reuses {}; blocking fallbacks "
+      "{}; out-of-memory retries {}",
+      counter(s.requested_bytes), counter(s.reserved_bytes), counter(s.live_allocations),
+      s.cache_hits, s.cache_misses, s.device_allocations, s.device_frees, s.fences_recorded,
+      s.cross_stream_reuses, s.blocking_fallbacks, s.oom_retries);
+}
+
+}  // namespace streampool

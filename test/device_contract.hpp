@@ -1,0 +1,305 @@
+// The Device contract: behaviours observable on both FakeDevice and CudaDevice, checked by the
+// same test bodies. A translation unit defines STREAMPOOL_CONTRACT_HARNESSES (a comma-separated
+// list of harness types, see harnesses below) and includes this file.
+//
+// A harness provides:
+//   Device& device();
+//   cudaStream_t create_stream();  void destroy_stream(cudaStream_t);
+//   void launch_blocked(cudaStream_t);  // work that stays pending until release()
+//   void release();                     // lets all blocked work finish (does not wait for it)
+//   void launch_short(cudaStream_t);    // work that finishes on its own
+//   std::size_t refused_size();         // a malloc size the device cannot satisfy
+//   bool wait_until(std::function<bool()>);  // polls up to a few seconds; false on timeout
+#pragma once
+
+#include <streampool/device.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <thread>
+
+#ifndef STREAMPOOL_CONTRACT_HARNESSES
+#error "define STREAMPOOL_CONTRACT_HARNESSES before including device_contract.hpp"
+#endif
+
+using streampool::CaptureId;
+using streampool::CaptureMode;
+using streampool::CaptureStatus;
+using streampool::Device;
+using streampool::StreamId;
+
+namespace contract {
+
+inline const char* mode_name(CaptureMode mode) {
+  switch (mode) {
+    case CaptureMode::global: return "global";
+    case CaptureMode::thread_local_: return "thread_local";
+    case CaptureMode::relaxed: return "relaxed";
+  }
+  return "?";
+}
+
+inline CaptureStatus status_of(Device& device, cudaStream_t stream) {
+  CaptureStatus status = CaptureStatus::none;
+  CaptureId id = 0;
+  REQUIRE(device.capture_info(stream, &status, &id) == cudaSuccess);
+  return status;
+}
+
+// Ends a capture and destroys whatever graph it produced; returns end_capture's status.
+inline cudaError_t end_and_discard(Device& device, cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = device.end_capture(stream, &graph);
+  if (graph != nullptr) REQUIRE(device.graph_destroy(graph) == cudaSuccess);
+  return status;
+}
+
+}  // namespace contract
+
+TEMPLATE_TEST_CASE("an event completes only when the work before its record has",
+                   "[contract]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  cudaStream_t stream = h.create_stream();
+  cudaEvent_t event = nullptr;
+  REQUIRE(device.event_create(&event) == cudaSuccess);
+
+  SECTION("an event never recorded is complete") {
+    REQUIRE(device.event_query(event) == cudaSuccess);
+  }
+  SECTION("an event recorded after pending work is not complete until that work finishes") {
+    h.launch_blocked(stream);
+    REQUIRE(device.event_record(event, stream) == cudaSuccess);
+    REQUIRE(device.event_query(event) == cudaErrorNotReady);
+    h.release();
+    REQUIRE(device.event_synchronize(event) == cudaSuccess);
+    REQUIRE(device.event_query(event) == cudaSuccess);
+  }
+  SECTION("work enqueued after the record does not hold the event back") {
+    REQUIRE(device.event_record(event, stream) == cudaSuccess);
+    h.launch_blocked(stream);
+    REQUIRE(h.wait_until([&] { return device.event_query(event) == cudaSuccess; }));
+    h.release();
+  }
+  SECTION("a stream synchronize returns once the stream's work has finished") {
+    h.launch_blocked(stream);
+    REQUIRE(device.event_record(event, stream) == cudaSuccess);
+    h.release();
+    REQUIRE(device.stream_synchronize(stream) == cudaSuccess);
+    REQUIRE(device.event_query(event) == cudaSuccess);
+  }
+  REQUIRE(device.event_destroy(event) == cudaSuccess);
+  h.destroy_stream(stream);
+}
+
+TEMPLATE_TEST_CASE("a stream waiting on an event runs later work only after the event's work",
+                   "[contract]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  cudaStream_t a = h.create_stream();
+  cudaStream_t b = h.create_stream();
+  cudaEvent_t on_a = nullptr;
+  cudaEvent_t on_b = nullptr;
+  REQUIRE(device.event_create(&on_a) == cudaSuccess);
+  REQUIRE(device.event_create(&on_b) == cudaSuccess);
+
+  h.launch_blocked(a);
+  REQUIRE(device.event_record(on_a, a) == cudaSuccess);
+  REQUIRE(device.stream_wait_event(b, on_a) == cudaSuccess);
+  h.launch_short(b);
+  REQUIRE(device.event_record(on_b, b) == cudaSuccess);
+  REQUIRE(device.event_query(on_b) == cudaErrorNotReady);
+  h.release();
+  REQUIRE(device.stream_synchronize(b) == cudaSuccess);
+  REQUIRE(device.event_query(on_a) == cudaSuccess);
+  REQUIRE(device.event_query(on_b) == cudaSuccess);
+
+  REQUIRE(device.event_destroy(on_a) == cudaSuccess);
+  REQUIRE(device.event_destroy(on_b) == cudaSuccess);
+  h.destroy_stream(a);
+  h.destroy_stream(b);
+}
+
+TEMPLATE_TEST_CASE("stream ids tell streams apart where handles cannot", "[contract]",
+                   STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+
+  SECTION("a destroyed stream's handle, given to a new stream, comes with a new id") {
+    cudaStream_t first = h.create_stream();
+    StreamId first_id = 0;
+    REQUIRE(device.stream_id(first, &first_id) == cudaSuccess);
+    h.destroy_stream(first);
+    cudaStream_t second = h.create_stream();
+    StreamId second_id = 0;
+    REQUIRE(device.stream_id(second, &second_id) == cudaSuccess);
+    REQUIRE(second_id != first_id);
+    // CUDA reuses the handle at once (seen on the H200); the fake does the same.
+    CHECK(second == first);
+    h.destroy_stream(second);
+  }
+  SECTION("the per-thread default stream is a different stream in each thread") {
+    StreamId here = 0;
+    StreamId there = 0;
+    REQUIRE(device.stream_id(cudaStreamPerThread, &here) == cudaSuccess);
+    cudaError_t status = cudaErrorUnknown;
+    std::thread([&] { status = device.stream_id(cudaStreamPerThread, &there); }).join();
+    REQUIRE(status == cudaSuccess);
+    REQUIRE(here != there);
+  }
+  SECTION("the legacy default stream is one stream in every thread") {
+    StreamId here = 0;
+    StreamId there = 0;
+    REQUIRE(device.stream_id(cudaStreamLegacy, &here) == cudaSuccess);
+    cudaError_t status = cudaErrorUnknown;
+    std::thread([&] { status = device.stream_id(cudaStreamLegacy, &there); }).join();
+    REQUIRE(status == cudaSuccess);
+    REQUIRE(here == there);
+  }
+}
+
+TEMPLATE_TEST_CASE("malloc beyond what the device has fails with cudaErrorMemoryAllocation",
+                   "[contract]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  void* ptr = nullptr;
+  REQUIRE(h.device().malloc(&ptr, h.refused_size()) == cudaErrorMemoryAllocation);
+  REQUIRE(h.device().malloc(&ptr, 1000) == cudaSuccess);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % 256 == 0);
+  REQUIRE(h.device().free(ptr) == cudaSuccess);
+}
+
+TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA refuses them",
+                   "[contract][capture]", STREAMPOOL_CONTRACT_HARNESSES) {
+  using contract::end_and_discard;
+  using contract::status_of;
+  TestType h;
+  auto& device = h.device();
+  cudaStream_t stream = h.create_stream();
+
+  SECTION("capture_info reports an active capture with an id, and none after it ends") {
+    REQUIRE(status_of(device, stream) == CaptureStatus::none);
+    REQUIRE(device.begin_capture(stream, CaptureMode::global) == cudaSuccess);
+    CaptureStatus status = CaptureStatus::none;
+    CaptureId id = 0;
+    REQUIRE(device.capture_info(stream, &status, &id) == cudaSuccess);
+    REQUIRE(status == CaptureStatus::active);
+    REQUIRE(id != 0);
+    REQUIRE(end_and_discard(device, stream) == cudaSuccess);
+    REQUIRE(status_of(device, stream) == CaptureStatus::none);
+  }
+
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    DYNAMIC_SECTION("malloc in " << contract::mode_name(mode)
+                                 << " mode fails and invalidates the capture") {
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      void* ptr = nullptr;
+      REQUIRE(device.malloc(&ptr, 4096) == cudaErrorStreamCaptureUnsupported);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(status_of(device, stream) == CaptureStatus::none);
+    }
+    DYNAMIC_SECTION("querying an event recorded outside the capture in "
+                    << contract::mode_name(mode) << " mode fails and invalidates it") {
+      cudaEvent_t event = nullptr;
+      REQUIRE(device.event_create(&event) == cudaSuccess);
+      cudaStream_t other = h.create_stream();
+      REQUIRE(device.event_record(event, other) == cudaSuccess);
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.event_query(event) == cudaErrorStreamCaptureUnsupported);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(device.event_destroy(event) == cudaSuccess);
+      h.destroy_stream(other);
+    }
+  }
+
+  SECTION("malloc and event query in relaxed mode succeed and the capture survives") {
+    cudaEvent_t event = nullptr;
+    REQUIRE(device.event_create(&event) == cudaSuccess);
+    REQUIRE(device.event_record(event, cudaStreamPerThread) == cudaSuccess);
+    REQUIRE(device.stream_synchronize(cudaStreamPerThread) == cudaSuccess);
+    REQUIRE(device.begin_capture(stream, CaptureMode::relaxed) == cudaSuccess);
+    void* ptr = nullptr;
+    REQUIRE(device.malloc(&ptr, 4096) == cudaSuccess);
+    REQUIRE(device.event_query(event) == cudaSuccess);
+    REQUIRE(status_of(device, stream) == CaptureStatus::active);
+    REQUIRE(end_and_discard(device, stream) == cudaSuccess);
+    REQUIRE(device.free(ptr) == cudaSuccess);
+    REQUIRE(device.event_destroy(event) == cudaSuccess);
+  }
+
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("synchronizing the capturing stream in " << contract::mode_name(mode)
+                                                             << " mode fails") {
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.stream_synchronize(stream) == cudaErrorStreamCaptureUnsupported);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+    }
+  }
+
+  SECTION("an event recorded inside a capture cannot be queried") {
+    cudaEvent_t event = nullptr;
+    REQUIRE(device.event_create(&event) == cudaSuccess);
+    REQUIRE(device.begin_capture(stream, CaptureMode::relaxed) == cudaSuccess);
+    h.launch_short(stream);
+    REQUIRE(device.event_record(event, stream) == cudaSuccess);
+    REQUIRE(device.event_query(event) == cudaErrorCapturedEvent);
+    REQUIRE(end_and_discard(device, stream) == cudaSuccess);
+    REQUIRE(device.event_destroy(event) == cudaSuccess);
+  }
+
+  SECTION("another thread's malloc fails during a global capture, not during a thread-local one") {
+    for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      cudaError_t status = cudaErrorUnknown;
+      void* ptr = nullptr;
+      std::thread([&] { status = device.malloc(&ptr, 4096); }).join();
+      if (mode == CaptureMode::global) {
+        REQUIRE(status == cudaErrorStreamCaptureUnsupported);
+        REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      } else {
+        REQUIRE(status == cudaSuccess);
+        REQUIRE(end_and_discard(device, stream) == cudaSuccess);
+        REQUIRE(device.free(ptr) == cudaSuccess);
+      }
+    }
+  }
+
+  h.destroy_stream(stream);
+}
+
+namespace contract {
+inline std::atomic<int> user_objects_destroyed{0};
+inline void count_destroyed(void*) { user_objects_destroyed.fetch_add(1); }
+}  // namespace contract
+
+TEMPLATE_TEST_CASE("a graph keeps a retained user object until it and its executables are gone",
+                   "[contract][capture]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  cudaStream_t stream = h.create_stream();
+  contract::user_objects_destroyed = 0;
+
+  REQUIRE(device.begin_capture(stream, CaptureMode::global) == cudaSuccess);
+  h.launch_short(stream);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(device.end_capture(stream, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+
+  cudaUserObject_t object = nullptr;
+  REQUIRE(device.user_object_create(&object, nullptr, contract::count_destroyed) == cudaSuccess);
+  REQUIRE(device.graph_retain_user_object(graph, object) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(device.graph_instantiate(&exec, graph) == cudaSuccess);
+  REQUIRE(device.graph_destroy(graph) == cudaSuccess);
+
+  REQUIRE(device.graph_upload(exec, stream) == cudaSuccess);
+  for (int i = 0; i < 3; ++i) REQUIRE(device.graph_launch(exec, stream) == cudaSuccess);
+  REQUIRE(device.stream_synchronize(stream) == cudaSuccess);
+  REQUIRE(contract::user_objects_destroyed == 0);  // the executable graph still holds it
+
+  REQUIRE(device.graph_exec_destroy(exec) == cudaSuccess);
+  REQUIRE(h.wait_until([] { return contract::user_objects_destroyed == 1; }));
+  h.destroy_stream(stream);
+}

@@ -1,0 +1,96 @@
+// Costs of single CUDA calls, runtime and driver entry points side by side: the numbers the pool's
+// fast path is designed around. Run on the GPU machine by tools/gpu-check.sh.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+template <class F>
+double median_ns(F&& call, int iterations = 200000) {
+  std::vector<double> runs;
+  for (int r = 0; r < 7; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) call();
+    const auto stop = std::chrono::steady_clock::now();
+    runs.push_back(std::chrono::duration<double, std::nano>(stop - start).count() / iterations);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+template <class Fn>
+Fn entry(const char* symbol, unsigned version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    std::printf("no driver entry point %s\n", symbol);
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+}  // namespace
+
+int main() {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::puts("no CUDA device");
+    return 77;
+  }
+  cudaEvent_t event = nullptr;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  unsigned long long id = 0;
+  int device = 0;
+  cudaStreamCaptureStatus status{};
+  using GetId = CUresult (*)(CUstream, unsigned long long*);
+  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  using GetCaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                      const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+  const auto cu_get_id = entry<GetId>("cuStreamGetId", 12000);
+  const auto cu_is_capturing = entry<IsCapturing>("cuStreamIsCapturing", 10000);
+  const auto cu_capture_info = entry<GetCaptureInfo>("cuStreamGetCaptureInfo", 12030);
+  CUstreamCaptureStatus cu_status{};
+  cuuint64_t capture = 0;
+
+  std::printf("%-52s %8s\n", "call", "ns");
+  std::printf("%-52s %8.1f\n", "cudaGetDevice", median_ns([&] { cudaGetDevice(&device); }));
+  std::printf("%-52s %8.1f\n", "cudaStreamGetId", median_ns([&] { cudaStreamGetId(stream, &id); }));
+  std::printf("%-52s %8.1f\n", "cudaStreamGetId(cudaStreamPerThread)",
+              median_ns([&] { cudaStreamGetId(cudaStreamPerThread, &id); }));
+  std::printf("%-52s %8.1f\n", "cudaStreamIsCapturing",
+              median_ns([&] { cudaStreamIsCapturing(stream, &status); }));
+  std::printf("%-52s %8.1f\n", "cudaStreamGetCaptureInfo(status, id)",
+              median_ns([&] { cudaStreamGetCaptureInfo(stream, &status, &id); }));
+  if (cu_get_id != nullptr) {
+    std::printf("%-52s %8.1f\n", "cuStreamGetId (driver entry point)",
+                median_ns([&] { cu_get_id(reinterpret_cast<CUstream>(stream), &id); }));
+  }
+  if (cu_is_capturing != nullptr) {
+    std::printf("%-52s %8.1f\n", "cuStreamIsCapturing (driver entry point)",
+                median_ns([&] { cu_is_capturing(reinterpret_cast<CUstream>(stream), &cu_status); }));
+  }
+  if (cu_capture_info != nullptr) {
+    std::printf("%-52s %8.1f\n", "cuStreamGetCaptureInfo (driver entry point)",
+                median_ns([&] {
+                  cu_capture_info(reinterpret_cast<CUstream>(stream), &cu_status, &capture, nullptr,
+                                  nullptr, nullptr, nullptr);
+                }));
+  }
+  std::printf("%-52s %8.1f\n", "cudaEventRecord",
+              median_ns([&] { cudaEventRecord(event, stream); }, 20000));
+  cudaStreamSynchronize(stream);
+  std::printf("%-52s %8.1f\n", "cudaEventQuery (complete)",
+              median_ns([&] { cudaEventQuery(event); }, 20000));
+  std::printf("%-52s %8.1f\n", "cudaStreamWaitEvent",
+              median_ns([&] { cudaStreamWaitEvent(stream, event, 0); }, 20000));
+  cudaEventDestroy(event);
+  cudaStreamDestroy(stream);
+  return 0;
+}

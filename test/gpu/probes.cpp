@@ -1,0 +1,142 @@
+// Probes: what CUDA does in corners the fake device must copy. Hidden tests ([.probe]) that print
+// what they see rather than assert it; tools/gpu-check.sh runs them and keeps the output, and each
+// answer, once seen, becomes an assertion of the device contract.
+#include "kernels.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <thread>
+
+namespace {
+
+const char* status_name(cudaStreamCaptureStatus status) {
+  switch (status) {
+    case cudaStreamCaptureStatusNone: return "none";
+    case cudaStreamCaptureStatusActive: return "active";
+    case cudaStreamCaptureStatusInvalidated: return "invalidated";
+  }
+  return "?";
+}
+
+void report(const char* what, cudaError_t status, cudaStream_t capturing = nullptr) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (capturing != nullptr) cudaStreamIsCapturing(capturing, &capture);
+  std::printf("probe: %-64s -> %s%s%s\n", what, cudaGetErrorName(status),
+              capturing != nullptr ? ", capture " : "",
+              capturing != nullptr ? status_name(capture) : "");
+  cudaGetLastError();
+}
+
+cudaError_t end(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("probe what CUDA refuses and allows around capture", "[.probe]") {
+  cudaStream_t s = nullptr;
+  cudaStream_t other = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t outside = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(outside, other) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
+
+  const struct {
+    cudaStreamCaptureMode mode;
+    const char* name;
+  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
+               {cudaStreamCaptureModeThreadLocal, "thread-local"},
+               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  char what[160];
+  for (const auto& m : modes) {
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaStreamWaitEvent(capturing, outside event)", m.name);
+    report(what, cudaStreamWaitEvent(s, outside, 0), s);
+    report("  end capture", end(s));
+
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaDeviceSynchronize", m.name);
+    report(what, cudaDeviceSynchronize(), s);
+    report("  end capture", end(s));
+
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaStreamSynchronize(other stream)", m.name);
+    report(what, cudaStreamSynchronize(other), s);
+    report("  end capture", end(s));
+
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, 4096) == cudaSuccess);
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaFree", m.name);
+    const cudaError_t freed = cudaFree(p);
+    report(what, freed, s);
+    report("  end capture", end(s));
+    if (freed != cudaSuccess) cudaFree(p);
+
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaEventSynchronize(outside event)", m.name);
+    report(what, cudaEventSynchronize(outside), s);
+    report("  end capture", end(s));
+
+    cudaStreamBeginCapture(s, m.mode);
+    std::snprintf(what, sizeof what, "[%s] cudaEventRecord(outside event, other stream)", m.name);
+    report(what, cudaEventRecord(outside, other), s);
+    report("  end capture", end(s));
+    cudaStreamSynchronize(other);
+
+    cudaStreamBeginCapture(s, m.mode);
+    size_t free_bytes = 0, total_bytes = 0;
+    std::snprintf(what, sizeof what, "[%s] cudaMemGetInfo", m.name);
+    report(what, cudaMemGetInfo(&free_bytes, &total_bytes), s);
+    report("  end capture", end(s));
+
+    cudaStreamBeginCapture(s, m.mode);
+    cudaEvent_t fresh = nullptr;
+    std::snprintf(what, sizeof what, "[%s] cudaEventCreate + Destroy", m.name);
+    cudaError_t created = cudaEventCreateWithFlags(&fresh, cudaEventDisableTiming);
+    report(what, created == cudaSuccess ? cudaEventDestroy(fresh) : created, s);
+    report("  end capture", end(s));
+
+    cudaStreamBeginCapture(s, m.mode);
+    cudaError_t from_thread = cudaErrorUnknown;
+    std::thread([&] { from_thread = end(s); }).join();
+    std::snprintf(what, sizeof what, "[%s] cudaStreamEndCapture from another thread", m.name);
+    report(what, from_thread, s);
+    report("  end capture on the capturing thread", end(s));
+  }
+
+  report("cudaStreamBeginCapture(legacy stream)",
+         cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal));
+  report("cudaStreamBeginCapture(0)", cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal));
+  report("cudaStreamEndCapture(not capturing)", end(s));
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  report("cudaStreamBeginCapture(already capturing)",
+         cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), s);
+  report("  end capture", end(s));
+
+  void* zero = reinterpret_cast<void*>(1);
+  report("cudaMalloc(0)", cudaMalloc(&zero, 0));
+  std::printf("probe: %-64s -> %p\n", "  pointer from cudaMalloc(0)", zero);
+  int local = 0;
+  report("cudaFree(host pointer)", cudaFree(&local));
+
+  cudaStream_t doomed = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&doomed, cudaStreamNonBlocking) == cudaSuccess);
+  unsigned long long id = 0;
+  cudaStreamGetId(doomed, &id);
+  REQUIRE(cudaStreamDestroy(doomed) == cudaSuccess);
+  unsigned long long stale = 0;
+  report("cudaStreamGetId(destroyed stream, before reuse)", cudaStreamGetId(doomed, &stale));
+  std::printf("probe: %-64s -> id %llu then %llu\n", "  ids", id, stale);
+
+  REQUIRE(cudaEventDestroy(outside) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
+  SUCCEED("printed");
+}

@@ -1,0 +1,39 @@
+// Shared set-up for the MemoryPool tests: a pool on a fresh FakeDevice, with options that ignore
+// STREAMPOOL_CONF and keep the statistics exact.
+#pragma once
+
+#include <streampool/fake_device.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+inline streampool::PoolOptions test_options() {
+  streampool::PoolOptions options;
+  options.read_environment = false;
+  options.stats_granule = 0;
+  return options;
+}
+
+struct PoolOnFake {
+  std::shared_ptr<streampool::FakeDevice> device;
+  std::unique_ptr<streampool::MemoryPool> pool;
+
+  explicit PoolOnFake(streampool::PoolOptions options = test_options(),
+                      streampool::FakeDevice::Options device_options = {})
+      : device(std::make_shared<streampool::FakeDevice>(device_options)),
+        pool(std::make_unique<streampool::MemoryPool>(device, options)) {}
+
+  streampool::FakeDevice& fake() { return *device; }
+  streampool::MemoryPool& operator*() { return *pool; }
+  streampool::MemoryPool* operator->() { return pool.get(); }
+};
+
+// Work on `stream` that writes the whole buffer, as a kernel would.
+template <class T>
+void write_on(streampool::FakeDevice& device, cudaStream_t stream,
+              const streampool::PooledBuffer<T>& buffer) {
+  device.launch(stream, {{buffer.data(), buffer.byte_size(), true}});
+}

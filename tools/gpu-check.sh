@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine: builds for sm_90, runs the GPU tests, the probes of CUDA's
+# behaviour, the call costs, compute-sanitizer and the benches, and writes what it saw under $OUT
+# (few files: the device tool brings back at most eight).
+#
+#   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all)
+#
+# Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
+# carry .devdeps.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+build=$root/build-gpu
+log=$out/gpu-check.log
+stages=("$@")
+((${#stages[@]})) || stages=(tests probes costs sanitize bench)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+
+deps=$root/.devdeps/usr
+export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export PATH=/usr/local/cuda/bin:$PATH
+
+summary=()
+stage() {  # stage NAME command...: runs it, logs everything, keeps one summary line
+  local name=$1
+  shift
+  echo "=== $name: $*" >>"$log"
+  local start=$SECONDS
+  "$@" >>"$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-12s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
+  echo "=== $name: rc=$rc" >>"$log"
+  return $rc
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+  nproc
+} >"$log" 2>&1
+
+stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 || { cat "$log"; exit 1; }
+stage build cmake --build "$build" -j "$(nproc)" || { tail -60 "$log"; exit 1; }
+
+gpu_tests=$build/test/gpu/streampool_gpu_tests
+if want tests; then
+  stage ctest ctest --test-dir "$build" --output-on-failure -j 4
+fi
+if want probes; then
+  stage probes "$gpu_tests" "[.probe]"
+fi
+if want costs; then
+  stage costs "$build/test/gpu/streampool_call_costs"
+fi
+if want sanitize; then
+  stage memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$gpu_tests"
+  stage racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$gpu_tests"
+  stage synccheck compute-sanitizer --tool synccheck --error-exitcode 1 "$gpu_tests"
+fi
+if want bench && [ -x "$build/bench/streampool-bench" ]; then
+  mkdir -p "$out/results"
+  stage bench "$root/tools/bench-h200.sh" "$build/bench/streampool-bench" "$out/results"
+fi
+
+printf '%s\n' "${summary[@]}" | tee -a "$log"
+grep -E "^probe:|^[a-zA-Z].* +[0-9]+\.[0-9]$" "$log" | tail -120
