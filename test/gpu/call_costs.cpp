@@ -1,11 +1,17 @@
 // Costs of single CUDA calls, runtime and driver entry points side by side: the numbers the pool's
 // fast path is designed around. Run on the GPU machine by tools/gpu-check.sh.
+#include <streampool/cuda_device.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -90,6 +96,48 @@ int main() {
               median_ns([&] { cudaEventQuery(event); }, 20000));
   std::printf("%-52s %8.1f\n", "cudaStreamWaitEvent",
               median_ns([&] { cudaStreamWaitEvent(stream, event, 0); }, 20000));
+
+  // A first look at the pool's own fast path (the bench measures it properly, against peers).
+  auto cuda = std::make_shared<streampool::CudaDevice>(0);
+  for (auto checks : {streampool::StreamChecks::none, streampool::StreamChecks::identity,
+                      streampool::StreamChecks::full}) {
+    streampool::PoolOptions options;
+    options.read_environment = false;
+    options.stream_checks = checks;
+    streampool::MemoryPool pool(cuda, options);
+    const char* name = checks == streampool::StreamChecks::none       ? "none"
+                       : checks == streampool::StreamChecks::identity ? "identity"
+                                                                      : "full";
+    for (std::size_t bytes : {std::size_t{256}, std::size_t{65536}, std::size_t{16} << 20}) {
+      const double ns = median_ns([&] {
+        streampool::PooledBuffer<std::byte>::alloc_async(pool, bytes, stream).reset();
+      });
+      std::printf("pool pair %-9s %10zu B                        %8.1f\n", name, bytes, ns);
+    }
+    for (int threads : {1, 4, 16}) {
+      std::vector<cudaStream_t> streams(threads);
+      for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      constexpr int pairs = 200000;
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+          for (int i = 0; i < pairs; ++i) {
+            streampool::PooledBuffer<std::byte>::alloc_async(pool, 65536, streams[t]).reset();
+          }
+        });
+      }
+      for (auto& w : workers) w.join();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("pool threads %-9s %2d x 64 KiB   M pairs/s        %8.2f\n", name, threads,
+                  threads * pairs / seconds / 1e6);
+      for (auto& s : streams) {
+        pool.release_stream(s);
+        cudaStreamDestroy(s);
+      }
+    }
+  }
   cudaEventDestroy(event);
   cudaStreamDestroy(stream);
   return 0;
