@@ -6,6 +6,8 @@
 #include <streampool/cuda_device.hpp>
 #include <streampool/error.hpp>
 
+#include <cuda.h>
+
 #include <string>
 
 namespace streampool {
@@ -43,6 +45,28 @@ cudaError_t on_device(int ordinal, F&& call) noexcept {
   return call();
 }
 
+using DriverStreamId = CUresult (*)(CUstream, unsigned long long*);
+using DriverCaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                       const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+
+void* driver_entry(const char* symbol, unsigned version) noexcept {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+// The legacy and per-thread default streams are resolved against the current device; an
+// explicit stream carries its own context.
+bool explicit_stream(cudaStream_t stream) noexcept {
+  return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+}
+
 cudaStreamCaptureMode to_cuda(CaptureMode mode) noexcept {
   switch (mode) {
     case CaptureMode::global: return cudaStreamCaptureModeGlobal;
@@ -75,6 +99,8 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
     throw Error(Errc::no_device, "CudaDevice(" + std::to_string(ordinal) + "): CUDA sees " +
                                      std::to_string(n) + " device(s)");
   }
+  driver_stream_id_ = driver_entry("cuStreamGetId", 12000);
+  driver_capture_info_ = driver_entry("cuStreamGetCaptureInfo", 12030);
 }
 
 cudaError_t CudaDevice::malloc(void** ptr, std::size_t bytes) noexcept {
@@ -123,11 +149,32 @@ cudaError_t CudaDevice::device_synchronize() noexcept {
 }
 
 cudaError_t CudaDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
+  if (driver_stream_id_ != nullptr && explicit_stream(stream) &&
+      reinterpret_cast<DriverStreamId>(driver_stream_id_)(reinterpret_cast<CUstream>(stream),
+                                                          id) == CUDA_SUCCESS) {
+    return cudaSuccess;
+  }
+  // The runtime's call, for the default streams and for the runtime's own error code.
   return on_device(ordinal_, [&] { return cudaStreamGetId(stream, id); });
 }
 
 cudaError_t CudaDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
                                      CaptureId* id) noexcept {
+  if (driver_capture_info_ != nullptr && explicit_stream(stream)) {
+    CUstreamCaptureStatus driver_status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t capture = 0;
+    if (reinterpret_cast<DriverCaptureInfo>(driver_capture_info_)(
+            reinterpret_cast<CUstream>(stream), &driver_status, &capture, nullptr, nullptr,
+            nullptr, nullptr) == CUDA_SUCCESS) {
+      switch (driver_status) {
+        case CU_STREAM_CAPTURE_STATUS_NONE: *status = CaptureStatus::none; break;
+        case CU_STREAM_CAPTURE_STATUS_ACTIVE: *status = CaptureStatus::active; break;
+        case CU_STREAM_CAPTURE_STATUS_INVALIDATED: *status = CaptureStatus::invalidated; break;
+      }
+      if (id != nullptr) *id = driver_status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? capture : 0;
+      return cudaSuccess;
+    }
+  }
   return on_device(ordinal_, [&] {
     cudaStreamCaptureStatus cuda_status = cudaStreamCaptureStatusNone;
     unsigned long long capture = 0;

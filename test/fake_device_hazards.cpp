@@ -62,6 +62,24 @@ TEST_CASE("a race names both streams and the bytes the accesses share", "[fake][
                                                  hex(address(f.buffer) + 512))));
 }
 
+TEST_CASE("an access races once with each unordered earlier access, over all the bytes they share",
+          "[fake][hazards]") {
+  RaceFixture f;
+  f.device.launch(f.a, {write_of(f.buffer, 1024)});
+  f.device.launch(f.b, {read_of(offset(f.buffer, 256), 256)});  // cuts the range in three
+  f.device.clear_hazards();
+  f.device.launch(f.c, {write_of(f.buffer, 1024)});
+  const auto races = hazards_of(f.device, HazardKind::race);
+  REQUIRE(races.size() == 2);  // one with a's write, one with b's read
+  const std::string whole = fmt::format("[{}, {})", hex(address(f.buffer)),
+                                        hex(address(f.buffer) + 1024));
+  const std::string middle = fmt::format("[{}, {})", hex(address(f.buffer) + 256),
+                                         hex(address(f.buffer) + 512));
+  const bool write_first = races[0].what.find(whole) != std::string::npos;
+  REQUIRE_THAT(races[write_first ? 0 : 1].what, Catch::Contains(whole));
+  REQUIRE_THAT(races[write_first ? 1 : 0].what, Catch::Contains(middle));
+}
+
 TEST_CASE("a write races with each unordered read before it, one hazard per read",
           "[fake][hazards]") {
   RaceFixture f;
@@ -210,9 +228,10 @@ TEST_CASE("an access spanning two allocations, even adjacent ones, is out of bou
   REQUIRE(f.out_of_bounds() == 1);
 }
 
-TEST_CASE("an access inside a live allocation, up to its last byte, is in bounds",
+TEST_CASE("an access inside a live allocation, up to its last byte, or of no bytes, is in bounds",
           "[fake][hazards]") {
   RaceFixture f;
   f.device.launch(f.a, {write_of(f.buffer, 1024), read_of(offset(f.buffer, 1023), 1)});
+  f.device.launch(f.b, {write_of(nullptr, 0)});  // touches no byte: nothing to check
   REQUIRE(f.device.hazards().empty());
 }

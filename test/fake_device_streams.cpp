@@ -3,6 +3,7 @@
 #include "fake_helpers.hpp"
 
 #include <atomic>
+#include <future>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -85,10 +86,25 @@ TEST_CASE("a FakeDevice built where a destroyed one lived gets per-thread stream
           "[fake][streams]") {
   std::optional<FakeDevice> device;  // both devices live in the optional's storage
   device.emplace();
-  const StreamId first = id_of(*device, cudaStreamPerThread);
-  device.emplace();
+  // The per-thread streams belong to a thread that outlives the first device.
+  std::promise<void> first_asked;
+  std::promise<void> second_built;
+  StreamId first = 0;
   StreamId second = 0;
-  REQUIRE(device->stream_id(cudaStreamPerThread, &second) == cudaSuccess);
+  cudaError_t first_status = cudaErrorUnknown;
+  cudaError_t second_status = cudaErrorUnknown;
+  std::thread worker([&] {
+    first_status = device->stream_id(cudaStreamPerThread, &first);
+    first_asked.set_value();
+    second_built.get_future().wait();
+    second_status = device->stream_id(cudaStreamPerThread, &second);
+  });
+  first_asked.get_future().wait();
+  device.emplace();
+  second_built.set_value();
+  worker.join();
+  REQUIRE(first_status == cudaSuccess);
+  REQUIRE(second_status == cudaSuccess);
   REQUIRE(second != first);
 }
 

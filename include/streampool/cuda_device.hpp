@@ -44,6 +44,11 @@ class CudaDevice final : public Device {
 
  private:
   int ordinal_;
+  // cuStreamGetId and cuStreamGetCaptureInfo, fetched through cudaGetDriverEntryPointByVersion:
+  // on the H200 they cost 17-19 ns against 62-85 ns for the runtime's own (which also serialize
+  // threads). Null where the driver does not offer them; the runtime is used then.
+  void* driver_stream_id_ = nullptr;
+  void* driver_capture_info_ = nullptr;
 };
 
 }  // namespace streampool

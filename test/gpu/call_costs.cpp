@@ -89,6 +89,36 @@ int main() {
                                   nullptr, nullptr, nullptr);
                 }));
   }
+  // Do the calls serialize threads? 16 threads, each on its own stream.
+  for (int threads : {1, 16}) {
+    for (int driver = 0; driver < 2; ++driver) {
+      if (driver == 1 && cu_get_id == nullptr) continue;
+      std::vector<cudaStream_t> streams(threads);
+      for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      constexpr int calls = 200000;
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+          unsigned long long mine = 0;
+          for (int i = 0; i < calls; ++i) {
+            if (driver == 1) cu_get_id(reinterpret_cast<CUstream>(streams[t]), &mine);
+            else cudaStreamGetId(streams[t], &mine);
+          }
+        });
+      }
+      for (auto& w : workers) w.join();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("%-52s %8.1f\n",
+                  threads == 1 ? (driver ? "cuStreamGetId, 1 thread, M calls/s"
+                                         : "cudaStreamGetId, 1 thread, M calls/s")
+                               : (driver ? "cuStreamGetId, 16 threads, M calls/s"
+                                         : "cudaStreamGetId, 16 threads, M calls/s"),
+                  threads * calls / seconds / 1e6);
+      for (auto& s : streams) cudaStreamDestroy(s);
+    }
+  }
   std::printf("%-52s %8.1f\n", "cudaEventRecord",
               median_ns([&] { cudaEventRecord(event, stream); }, 20000));
   cudaStreamSynchronize(stream);
@@ -130,7 +160,7 @@ int main() {
       for (auto& w : workers) w.join();
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("pool threads %-9s %2d x 64 KiB   M pairs/s        %8.2f\n", name, threads,
+      std::printf("pool threads %-9s %2d x 64 KiB   M pairs/s        %8.1f\n", name, threads,
                   threads * pairs / seconds / 1e6);
       for (auto& s : streams) {
         pool.release_stream(s);

@@ -43,24 +43,31 @@ unsigned blocks_for(std::size_t n) {
 
 }  // namespace
 
+// cudaGetLastError also reports the last error any runtime call returned in this thread (an
+// expected refusal in a capture test, say): clear it before launching, so what is returned after
+// is the launch's own.
 cudaError_t launch_spin(cudaStream_t stream, const volatile int* flag, int ticket) {
+  cudaGetLastError();
   spin<<<1, 1, 0, stream>>>(flag, ticket);
   return cudaGetLastError();
 }
 
 cudaError_t launch_noop(cudaStream_t stream) {
+  cudaGetLastError();
   noop<<<1, 1, 0, stream>>>();
   return cudaGetLastError();
 }
 
 cudaError_t launch_delayed_fill(cudaStream_t stream, std::uint32_t* data, std::size_t n,
                                 std::uint32_t value, std::uint64_t nanoseconds) {
+  cudaGetLastError();
   delayed_fill<<<blocks_for(n), 256, 0, stream>>>(data, n, value, nanoseconds);
   return cudaGetLastError();
 }
 
 cudaError_t launch_count_mismatches(cudaStream_t stream, const std::uint32_t* data, std::size_t n,
                                     std::uint32_t value, unsigned long long* mismatches) {
+  cudaGetLastError();
   count_mismatches<<<blocks_for(n), 256, 0, stream>>>(data, n, value, mismatches);
   return cudaGetLastError();
 }

@@ -126,14 +126,8 @@ TEST_CASE("probe what CUDA refuses and allows around capture", "[.probe]") {
   int local = 0;
   report("cudaFree(host pointer)", cudaFree(&local));
 
-  cudaStream_t doomed = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&doomed, cudaStreamNonBlocking) == cudaSuccess);
-  unsigned long long id = 0;
-  cudaStreamGetId(doomed, &id);
-  REQUIRE(cudaStreamDestroy(doomed) == cudaSuccess);
-  unsigned long long stale = 0;
-  report("cudaStreamGetId(destroyed stream, before reuse)", cudaStreamGetId(doomed, &stale));
-  std::printf("probe: %-64s -> id %llu then %llu\n", "  ids", id, stale);
+  // Not probed: cudaStreamGetId on a destroyed stream's handle crashed the process (seen on the
+  // H200, CUDA 13.0), which is why the seam requires a live stream.
 
   REQUIRE(cudaEventDestroy(outside) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
