@@ -74,7 +74,9 @@ thread_local int in_user_object_destructor = 0;
 
 std::uintptr_t address_of(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
-std::size_t round_up(std::size_t bytes, std::size_t unit) { return (bytes + unit - 1) / unit * unit; }
+std::size_t round_up(std::size_t bytes, std::size_t unit) {
+  return (bytes + unit - 1) / unit * unit;
+}
 
 bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
 
@@ -161,25 +163,96 @@ void run_destructors(const Destructors& destructors) {
   --in_user_object_destructor;
 }
 
-// One access by work (stream, seq).
-struct Touch {
-  StreamId stream = 0;
-  std::uint64_t seq = 0;
-};
+// The race detector's memory: for each byte range touched, the last write and the reads since.
+class AccessLog {
+ public:
+  // An access by work (stream, seq).
+  struct Touch {
+    StreamId stream = 0;
+    std::uint64_t seq = 0;
+  };
+  // An earlier access a new one races with, and the bytes they share.
+  struct Race {
+    Touch earlier;
+    bool earlier_write = false;
+    std::uintptr_t begin = 0;
+    std::uintptr_t end = 0;
+  };
 
-// A byte range of the access log: [start, end), start being its key in the map.
-struct Segment {
-  std::uintptr_t end = 0;
-  std::optional<Touch> write;
-  std::vector<Touch> reads;  // since `write`; at most one per stream, the latest
-};
+  // Records an access to [begin, end) by `touch` and returns the earlier accesses it races with:
+  // those to the same bytes, one of the two a write, that `ordered(earlier)` says the new access
+  // is not ordered after. One Race per earlier access, however many ranges they share.
+  template <class Ordered>
+  std::vector<Race> record(Touch touch, std::uintptr_t begin, std::uintptr_t end, bool write,
+                           Ordered ordered) {
+    std::vector<Race> races;
+    auto check = [&](const Touch& earlier, bool earlier_write, std::uintptr_t lo,
+                     std::uintptr_t hi) {
+      if (ordered(earlier)) return;
+      for (Race& race : races) {
+        if (race.earlier.stream == earlier.stream && race.earlier.seq == earlier.seq &&
+            race.earlier_write == earlier_write) {
+          race.begin = std::min(race.begin, lo);
+          race.end = std::max(race.end, hi);
+          return;
+        }
+      }
+      races.push_back({earlier, earlier_write, lo, hi});
+    };
 
-// A race of one new access with an earlier one, merged over the segments they share.
-struct Race {
-  Touch earlier;
-  bool earlier_write = false;
-  std::uintptr_t begin = 0;
-  std::uintptr_t end = 0;
+    split(begin);
+    split(end);
+    auto it = segments_.lower_bound(begin);
+    for (std::uintptr_t at = begin; at < end; ++it) {
+      if (it == segments_.end() || it->first > at) {  // a gap never touched: fill it
+        const std::uintptr_t gap_end = it == segments_.end() ? end : std::min(end, it->first);
+        it = segments_.emplace_hint(it, at, Segment{gap_end, {}, {}});
+      }
+      Segment& segment = it->second;
+      if (segment.write) check(*segment.write, true, at, segment.end);
+      if (write) {
+        for (const Touch& read : segment.reads) check(read, false, at, segment.end);
+        segment.write = touch;
+        segment.reads.clear();
+      } else {
+        // A read stands for the earlier reads of its stream: it completes after them, and
+        // whatever is ordered after it is ordered after them.
+        std::erase_if(segment.reads,
+                      [&](const Touch& read) { return read.stream == touch.stream; });
+        segment.reads.push_back(touch);
+      }
+      at = segment.end;
+    }
+    return races;
+  }
+
+  // Freed memory is never allocated again: what touched it no longer matters.
+  void forget(std::uintptr_t begin, std::uintptr_t end) {
+    split(begin);
+    split(end);
+    segments_.erase(segments_.lower_bound(begin), segments_.lower_bound(end));
+  }
+
+ private:
+  struct Segment {  // [key, end)
+    std::uintptr_t end = 0;
+    std::optional<Touch> write;
+    std::vector<Touch> reads;  // since `write`, at most one per stream
+  };
+
+  // Cuts the segment that straddles `at` in two, so that a range can start or end there.
+  void split(std::uintptr_t at) {
+    auto it = segments_.upper_bound(at);
+    if (it == segments_.begin()) return;
+    --it;
+    if (it->first < at && at < it->second.end) {
+      Segment tail = it->second;
+      it->second.end = at;
+      segments_.emplace(at, std::move(tail));
+    }
+  }
+
+  std::map<std::uintptr_t, Segment> segments_;
 };
 
 }  // namespace
@@ -190,9 +263,11 @@ struct FakeDevice::State {
   }
   ~State() {
     for (const auto& [base, allocation] : allocations) {
-      if (allocation.mapped > 0) ::munmap(reinterpret_cast<void*>(base), allocation.mapped);
+      if (allocation.mapped > 0) retired_mappings.emplace_back(base, allocation.mapped);
     }
-    for (const auto& [base, mapped] : retired_mappings) ::munmap(reinterpret_cast<void*>(base), mapped);
+    for (const auto& [base, mapped] : retired_mappings) {
+      ::munmap(reinterpret_cast<void*>(base), mapped);
+    }
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -210,7 +285,7 @@ struct FakeDevice::State {
   // Freed host-backed ranges stay mapped (inaccessible) until the end, so that no later
   // allocation gets their addresses and a body touching freed memory faults.
   std::vector<std::pair<std::uintptr_t, std::size_t>> retired_mappings;
-  std::map<std::uintptr_t, Segment> access_log;
+  AccessLog access_log;
 
   std::map<StreamId, Stream> streams;
   std::unordered_map<cudaStream_t, StreamId> handles;
@@ -411,7 +486,8 @@ struct FakeDevice::State {
   // An executable graph's references go when it is destroyed and its last launch completed.
   void retire_executables(Destructors& destructors) {
     std::erase_if(retiring, [&](Exec& exec) {
-      std::erase_if(exec.in_flight, [&](const auto& last) { return done(last.first, last.second); });
+      std::erase_if(exec.in_flight,
+                    [&](const auto& last) { return done(last.first, last.second); });
       if (!exec.in_flight.empty()) return false;
       release_all(exec.retained, destructors);
       return true;
@@ -427,24 +503,6 @@ struct FakeDevice::State {
 
   // --- the race detector ------------------------------------------------------------------
 
-  // Splits the access-log segment that straddles `at`, so that a range can start or end there.
-  void split_log(std::uintptr_t at) {
-    auto it = access_log.upper_bound(at);
-    if (it == access_log.begin()) return;
-    --it;
-    if (it->first < at && at < it->second.end) {
-      Segment tail = it->second;
-      it->second.end = at;
-      access_log.emplace(at, std::move(tail));
-    }
-  }
-
-  void forget_accesses(std::uintptr_t begin, std::uintptr_t end) {
-    split_log(begin);
-    split_log(end);
-    access_log.erase(access_log.lower_bound(begin), access_log.lower_bound(end));
-  }
-
   bool inside_one_allocation(std::uintptr_t begin, std::uintptr_t end) const {
     auto it = allocations.upper_bound(begin);
     if (it == allocations.begin()) return false;
@@ -452,8 +510,8 @@ struct FakeDevice::State {
     return begin >= it->first && end <= it->first + it->second.bytes;
   }
 
-  // Records an access by work (stream, seq) and reports what it races with: an earlier access to
-  // the same bytes, one of the two a write, on another stream, not complete, and not followed.
+  // An access by work (stream, seq) races with an earlier one unless the earlier one is on the
+  // same stream, complete, or followed through event waits.
   void check_access(const Stream& stream, std::uint64_t seq, const Access& access) {
     if (access.bytes == 0) return;
     const std::uintptr_t begin = address_of(access.ptr);
@@ -466,55 +524,19 @@ struct FakeDevice::State {
                                      kind, begin, end, stream.id)});
       return;
     }
-    std::vector<Race> races;
-    auto check = [&](const Touch& earlier, bool earlier_write, std::uintptr_t lo,
-                     std::uintptr_t hi) {
-      if (earlier.stream == stream.id || done(earlier.stream, earlier.seq)) return;
+    auto ordered = [&](const AccessLog::Touch& earlier) {
       auto followed = stream.follows.find(earlier.stream);
-      if (followed != stream.follows.end() && followed->second >= earlier.seq) return;
-      for (Race& race : races) {
-        if (race.earlier.stream == earlier.stream && race.earlier.seq == earlier.seq &&
-            race.earlier_write == earlier_write) {
-          race.begin = std::min(race.begin, lo);
-          race.end = std::max(race.end, hi);
-          return;
-        }
-      }
-      races.push_back({earlier, earlier_write, lo, hi});
+      return earlier.stream == stream.id || done(earlier.stream, earlier.seq) ||
+             (followed != stream.follows.end() && followed->second >= earlier.seq);
     };
-
-    split_log(begin);
-    split_log(end);
-    const Touch touch{stream.id, seq};
-    auto it = access_log.lower_bound(begin);
-    for (std::uintptr_t at = begin; at < end; ++it) {
-      if (it == access_log.end() || it->first > at) {
-        const std::uintptr_t gap_end = it == access_log.end() ? end : std::min(end, it->first);
-        it = access_log.emplace_hint(it, at, Segment{gap_end, {}, {}});
-      }
-      Segment& segment = it->second;
-      if (segment.write) check(*segment.write, true, at, segment.end);
-      if (access.write) {
-        for (const Touch& read : segment.reads) check(read, false, at, segment.end);
-        segment.write = touch;
-        segment.reads.clear();
-      } else {
-        // A later read of the same stream stands for the earlier ones: it completes after them
-        // and whatever follows it follows them.
-        std::erase_if(segment.reads, [&](const Touch& read) {
-          return read.stream == stream.id || done(read.stream, read.seq);
-        });
-        segment.reads.push_back(touch);
-      }
-      at = segment.end;
-    }
-    for (const Race& race : races) {
+    for (const AccessLog::Race& race :
+         access_log.record({stream.id, seq}, begin, end, access.write, ordered)) {
       hazards.push_back(
           {Hazard::Kind::race,
-           fmt::format("{} on stream {} races with a {} on stream {} at [{:#x}, {:#x}): no stream "
-                       "order or event wait orders them",
-                       kind, stream.id, race.earlier_write ? "write" : "read", race.earlier.stream,
-                       race.begin, race.end)});
+           fmt::format("{} on stream {} races with a {} on stream {} at [{:#x}, {:#x}): no "
+                       "stream order, event wait or completion orders them",
+                       kind, stream.id, race.earlier_write ? "write" : "read",
+                       race.earlier.stream, race.begin, race.end)});
     }
   }
 };
@@ -588,7 +610,9 @@ void FakeDevice::launch(cudaStream_t stream, const std::vector<Access>& accesses
     Stream& target = s.control_stream(stream, "launch");
     if (target.capture) {
       // Work captured after the capture was invalidated is lost, as CUDA loses it.
-      if (!target.capture->invalidated) target.capture->items.push_back({accesses, std::move(body)});
+      if (!target.capture->invalidated) {
+        target.capture->items.push_back({accesses, std::move(body)});
+      }
       return;
     }
     launched = {target.id, s.enqueue(target, accesses, std::move(body))};
@@ -752,12 +776,12 @@ cudaError_t FakeDevice::free(void* ptr) noexcept {
   auto it = s.allocations.find(address_of(ptr));
   if (it == s.allocations.end()) return cudaErrorInvalidValue;
   const auto [base, allocation] = *it;
-  s.forget_accesses(base, base + allocation.bytes);
+  s.access_log.forget(base, base + allocation.bytes);
   if (allocation.mapped > 0) {
     // Replaces the pages with an inaccessible reservation: the memory goes back to the system,
     // the addresses stay taken.
-    ::mmap(ptr, allocation.mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
-           -1, 0);
+    ::mmap(ptr, allocation.mapped, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     s.retired_mappings.emplace_back(base, allocation.mapped);
   }
   s.live_bytes -= allocation.bytes;
@@ -933,7 +957,8 @@ cudaError_t FakeDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noe
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) return cudaErrorIllegalState;
-  target->capture = Capture{next_capture_id.fetch_add(1), mode, std::this_thread::get_id(), false, {}};
+  target->capture =
+      Capture{next_capture_id.fetch_add(1), mode, std::this_thread::get_id(), false, {}};
   return cudaSuccess;
 }
 

@@ -224,10 +224,11 @@ class PoolCore {
     }
     return nullptr;
   }
-  static constexpr int reclaim_steps = 3;
+  static constexpr int reclaim_steps = 4;
   // Step 0: learn which fences completed, release parked blocks. Step 1: return wholly free
   // segments to the device. Step 2: synchronize the device, after which every cached block is
-  // clean, and return what is wholly free. False when the step could do nothing.
+  // clean (and slabs wholly free go back to the arena). Step 3: return the segments that made
+  // wholly free. False when the step could do nothing.
   bool reclaim(int step) noexcept;
   // After a device synchronize every block dropped before it is clean: marks it so, moves
   // blocks of retired streams to the depot and returns wholly free slabs to the arena.

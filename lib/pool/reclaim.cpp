@@ -33,11 +33,11 @@ bool PoolCore::reclaim(int step) noexcept {
         std::lock_guard<std::mutex> arena(arena_mutex_);
         return release_free_segments(0) != 0;
       }
-      case 2: {
-        if (!synchronize_and_reclaim()) return false;
+      case 2:
+        return synchronize_and_reclaim();
+      case 3: {
         std::lock_guard<std::mutex> arena(arena_mutex_);
-        release_free_segments(0);
-        return true;
+        return release_free_segments(0) != 0;
       }
     }
   } catch (const std::bad_alloc&) {

@@ -1,0 +1,126 @@
+// Streams are told apart by their CUDA id, not their handle: a destroyed stream's handle, reused
+// by CUDA for the next stream, and the per-thread default stream (one handle, a stream per
+// thread) are never confused.
+#include "pool_helpers.hpp"
+
+#include <thread>
+
+using streampool::FakeDevice;
+using streampool::PooledBuffer;
+using streampool::StreamChecks;
+using Bytes = PooledBuffer<std::byte>;
+
+TEST_CASE("a new stream that gets a destroyed stream's handle does not get its blocks early") {
+  for (StreamChecks checks : {StreamChecks::identity, StreamChecks::full}) {
+    CAPTURE(static_cast<int>(checks));
+    auto options = test_options();
+    options.stream_checks = checks;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+
+    cudaStream_t a = fake.create_stream();
+    void* dropped = nullptr;
+    {
+      auto x = Bytes::alloc_async(*pool, 4096, a);
+      write_on(fake, a, x);  // still running when A is destroyed
+      dropped = x.data();
+    }
+    fake.destroy_stream(a);
+    cudaStream_t b = fake.create_stream();
+    REQUIRE(b == a);  // the handle is reused at once, as CUDA does
+
+    auto y = Bytes::alloc_async(*pool, 4096, b);
+    REQUIRE(static_cast<void*>(y.data()) != dropped);
+    write_on(fake, b, y);
+    REQUIRE(fake.hazards().empty());
+    fake.complete_all();
+  }
+}
+
+TEST_CASE("under StreamChecks::none, release_stream before destroying a stream keeps it safe") {
+  auto options = test_options();
+  options.stream_checks = StreamChecks::none;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+
+  cudaStream_t a = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    write_on(fake, a, x);
+  }
+  SECTION("with release_stream: the new stream gets none of the old one's pending blocks") {
+    pool->release_stream(a);  // waits for A's work: its blocks are clean after
+    fake.destroy_stream(a);
+    cudaStream_t b = fake.create_stream();
+    REQUIRE(b == a);
+    auto y = Bytes::alloc_async(*pool, 4096, b);
+    write_on(fake, b, y);
+    REQUIRE(fake.hazards().empty());
+  }
+  SECTION("without it the handle is trusted, as documented, and the fake device sees the race") {
+    fake.destroy_stream(a);
+    cudaStream_t b = fake.create_stream();
+    REQUIRE(b == a);
+    auto y = Bytes::alloc_async(*pool, 4096, b);
+    write_on(fake, b, y);
+    REQUIRE(fake.hazards().size() == 1);
+  }
+  fake.complete_all();
+}
+
+TEST_CASE("the per-thread default stream is a different stream in each thread") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  void* dropped = nullptr;
+  std::thread([&] {
+    auto x = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);
+    write_on(fake, cudaStreamPerThread, x);
+    dropped = x.data();
+  }).join();
+  auto y = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);
+  REQUIRE(static_cast<void*>(y.data()) != dropped);
+  write_on(fake, cudaStreamPerThread, y);
+  REQUIRE(fake.hazards().empty());
+  fake.complete_all();
+}
+
+TEST_CASE("release_stream makes a stream's cached blocks usable on any stream") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  void* dropped = nullptr;
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    write_on(fake, a, x);
+    dropped = x.data();
+  }
+  pool->release_stream(a);
+  REQUIRE(fake.pending_work() == 0);  // it waited for A's work
+  bool found = false;
+  std::vector<Bytes> on_b;
+  for (int i = 0; i < 64 && !found; ++i) {
+    on_b.push_back(Bytes::alloc_async(*pool, 4096, b));
+    found = static_cast<void*>(on_b.back().data()) == dropped;
+  }
+  REQUIRE(found);
+  REQUIRE(fake.hazards().empty());
+
+  SECTION("a buffer still alive on a released stream can be dropped safely later") {
+    auto late = Bytes::alloc_async(*pool, 4096, a);  // A is seen afresh
+    pool->release_stream(a);
+    write_on(fake, a, late);
+    late.reset();
+    auto other = Bytes::alloc_async(*pool, 4096, b);
+    write_on(fake, b, other);
+    REQUIRE(fake.hazards().empty());
+  }
+  fake.complete_all();
+}
+
+TEST_CASE("release_stream of a stream the pool never saw does nothing") {
+  PoolOnFake pool;
+  cudaStream_t s = pool.fake().create_stream();
+  REQUIRE_NOTHROW(pool->release_stream(s));
+  REQUIRE(pool.fake().calls(FakeDevice::Call::event_record) == 0);
+}
