@@ -16,6 +16,11 @@ __global__ void spin(const volatile int* flag, int ticket) {
 
 __global__ void noop() {}
 
+__global__ void sleep_for(std::uint64_t nanoseconds) {
+  const std::uint64_t until = global_time_ns() + nanoseconds;
+  while (global_time_ns() < until) __nanosleep(500);
+}
+
 __global__ void delayed_fill(std::uint32_t* data, std::size_t n, std::uint32_t value,
                              std::uint64_t nanoseconds) {
   const std::uint64_t until = global_time_ns() + nanoseconds;
@@ -55,6 +60,12 @@ cudaError_t launch_spin(cudaStream_t stream, const volatile int* flag, int ticke
 cudaError_t launch_noop(cudaStream_t stream) {
   cudaGetLastError();
   noop<<<1, 1, 0, stream>>>();
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sleep(cudaStream_t stream, std::uint64_t nanoseconds) {
+  cudaGetLastError();
+  sleep_for<<<1, 1, 0, stream>>>(nanoseconds);
   return cudaGetLastError();
 }
 
