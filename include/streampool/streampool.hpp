@@ -1,6 +1,7 @@
 // streampool: a stream-ordered caching allocator for CUDA. The umbrella header.
 #pragma once
 
+#include <streampool/capture_pool.hpp>
 #include <streampool/cuda_device.hpp>
 #include <streampool/device.hpp>
 #include <streampool/error.hpp>

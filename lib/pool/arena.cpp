@@ -205,11 +205,7 @@ void PoolCore::release_large(Block* b) noexcept {
   s.lock.lock();
   const bool orphaned = count_release(s, b);
   const std::uint64_t tag = s.fence_seq.load(std::memory_order_relaxed);  // before the fence
-  const std::uint32_t attention = s.attention.load(std::memory_order_relaxed);
-  if ((options_.fence_every_free || (attention & wants_fence) != 0) && s.addressable()) {
-    record_fence(s);
-    s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
-  }
+  fence_if_asked(s);
   s.lock.unlock();
   {
     std::lock_guard<std::mutex> arena(arena_mutex_);

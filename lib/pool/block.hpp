@@ -10,7 +10,7 @@ namespace streampool::detail {
 struct StreamState;
 struct Segment;
 struct Slab;
-struct CaptureHold;
+class CaptureBinding;
 
 // One range of device memory: a small block of a size class, carved from a slab, or a large range
 // of the arena (a slab itself is a large range carved into small blocks).
@@ -42,7 +42,7 @@ struct Block {
   Block* before = nullptr;      // large ranges: neighbours in address order within the segment
   Block* after = nullptr;
   std::vector<StreamState*>* recorded = nullptr;  // other streams named by record_stream
-  CaptureHold* hold = nullptr;  // allocated during a capture: pinned to a CapturePool
+  CaptureBinding* hold = nullptr;  // cut from a CapturePool's private memory
 };
 
 // A doubly linked list of free blocks, newest at the head.

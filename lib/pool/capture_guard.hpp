@@ -1,19 +1,18 @@
 // Captures begun through the library, counted so that no thread makes a call that a capture
-// under way would refuse (and be invalidated by).
+// under way would refuse (and be invalidated by): in global mode every thread is restricted, in
+// thread-local mode the thread that began it.
 #pragma once
 
-#include <atomic>
+#include <streampool/device.hpp>
+
+#include <thread>
 
 namespace streampool::detail {
 
-// Global-mode captures under way anywhere: they restrict every thread.
-inline std::atomic<int> global_mode_captures{0};
-// Thread-local-mode captures begun by this thread: they restrict only it.
-inline thread_local int thread_local_mode_captures = 0;
-
-inline bool unsafe_calls_allowed_here() noexcept {
-  return global_mode_captures.load(std::memory_order_acquire) == 0 &&
-         thread_local_mode_captures == 0;
-}
+void note_capture_begin(CaptureMode mode, std::thread::id thread);
+void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
+// Calls CUDA refuses during a restricting capture (malloc, event queries, synchronizes) may be
+// made from this thread now. One atomic load when no capture restricts anyone.
+bool unsafe_calls_allowed_here() noexcept;
 
 }  // namespace streampool::detail

@@ -8,6 +8,9 @@
 
 #include "capture_guard.hpp"
 
+#include "../capture/capture_binding.hpp"
+
+#include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
 #include <fmt/format.h>
@@ -48,8 +51,18 @@ PoolCore::PoolCore(std::shared_ptr<Device> device, const PoolOptions& options)
       options_(options),
       classes_(options.size_classes),
       uid_(next_uid.fetch_add(1)),
+      byte_slack_(2 * static_cast<std::int64_t>(options.stats_granule)),
+      // Allocation counts move by one: 64 allocations of slack for every MiB of byte granule.
+      count_slack_(options.stats_granule == 0
+                       ? 0
+                       : 2 * std::max<std::int64_t>(
+                                 1, static_cast<std::int64_t>(options.stats_granule >> 14))),
       depot_(classes_.count()),
-      raw_(new RawShard[raw_shards]) {}
+      raw_(new RawShard[raw_shards]),
+      private_state_(std::make_unique<StreamState>()) {
+  private_state_->free.resize(classes_.count());
+  private_state_->core = this;
+}
 
 PoolCore::~PoolCore() {
   // Every buffer is gone. Pending work may still use cached memory: wait for it before freeing.
@@ -171,7 +184,9 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
       error = device_error(result);
       return nullptr;
     }
-    if (status != CaptureStatus::none) return allocate_captured(bytes, stream, status, error);
+    if (status != CaptureStatus::none) {
+      return allocate_captured(bytes, stream, status, capture, error);
+    }
   }
   StreamState* s = resolve(stream, error);
   if (s == nullptr) return nullptr;
@@ -204,8 +219,11 @@ Block* PoolCore::allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t s
       error = device_error(result);
       return nullptr;
     }
-    if (status != CaptureStatus::none) return allocate_captured(bytes, stream, status, error);
+    if (status != CaptureStatus::none) {
+      return allocate_captured(bytes, stream, status, capture, error);
+    }
   }
+  complete_graph_releases();  // a safe point: no lock held, no capture restricting this thread
 
   s.lock.lock();
   const std::uint32_t attention = s.attention.load(std::memory_order_relaxed);
@@ -239,11 +257,32 @@ Block* PoolCore::allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t s
   return b;
 }
 
-Block* PoolCore::allocate_captured(std::size_t, cudaStream_t, CaptureStatus status,
-                                   std::error_code& error) noexcept {
-  error = make_error_code(status == CaptureStatus::invalidated ? Errc::capture_invalidated
-                                                               : Errc::capture_without_pool);
-  return nullptr;
+Block* PoolCore::allocate_captured(std::size_t bytes, cudaStream_t stream, CaptureStatus status,
+                                   CaptureId capture, std::error_code& error) noexcept {
+  if (status == CaptureStatus::invalidated) {
+    error = make_error_code(Errc::capture_invalidated);
+    return nullptr;
+  }
+  CaptureBinding* binding = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex_);
+    const auto found = captures_.find(capture);
+    if (found != captures_.end()) binding = found->second;
+  }
+  if (binding == nullptr) {
+    // Captured without a pool: any block handed out would be baked into a graph the pool knows
+    // nothing of, and a device allocation could invalidate the capture. Refuse, touching nothing.
+    error = make_error_code(Errc::capture_without_pool);
+    return nullptr;
+  }
+  StreamState* s = resolve(stream, error);
+  if (s == nullptr) return nullptr;
+  Block* b = binding->allocate(*s, bytes, error);
+  if (b == nullptr) return nullptr;
+  s->lock.lock();
+  count_allocation(*s, b, bytes);
+  s->lock.unlock();
+  return b;
 }
 
 void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept {
@@ -264,8 +303,8 @@ bool PoolCore::count_release(StreamState& s, Block* b) noexcept {
   --c.live;
   b->requested = 0;
   b->free = true;
-  const std::int64_t slack = 2 * static_cast<std::int64_t>(options_.stats_granule);
-  if (c.requested_published - c.requested > slack || c.live_published - c.live > slack) {
+  if (c.requested_published - c.requested > byte_slack_ ||
+      c.live_published - c.live > count_slack_) {
     publish(c);
   }
   return s.orphaned;
@@ -298,6 +337,23 @@ void PoolCore::put_back(StreamState& s, Block* b) noexcept {
 
 void PoolCore::release_slow(Block* b) noexcept {
   StreamState& s = *b->state;
+  if (b->hold != nullptr) {
+    // Cut from a CapturePool's private memory: back to it.
+    s.lock.lock();
+    const bool orphaned = count_release(s, b);
+    s.lock.unlock();
+    b->hold->release(b);
+    if (orphaned) orphan_release();
+    return;
+  }
+  if ((s.attention.load(std::memory_order_acquire) & capture_bound) != 0) {
+    // Dropped during a capture on its stream: the graph may use it. The CapturePool keeps it
+    // (still counted live) until the pool goes, then releases it here again.
+    if (CaptureBinding* binding = s.capture.load(std::memory_order_acquire)) {
+      binding->adopt(b);
+      return;
+    }
+  }
   if (b->recorded != nullptr) {
     release_recorded(b);
     return;
@@ -308,14 +364,22 @@ void PoolCore::release_slow(Block* b) noexcept {
   }
   s.lock.lock();
   const bool orphaned = count_release(s, b);
+  put_back_fenced(s, b);
+  s.lock.unlock();
+  if (orphaned) orphan_release();
+}
+
+void PoolCore::put_back_fenced(StreamState& s, Block* b) noexcept {
   put_back(s, b);
+  fence_if_asked(s);
+}
+
+void PoolCore::fence_if_asked(StreamState& s) noexcept {
   const std::uint32_t attention = s.attention.load(std::memory_order_relaxed);
   if ((options_.fence_every_free || (attention & wants_fence) != 0) && s.addressable()) {
     record_fence(s);
     s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
   }
-  s.lock.unlock();
-  if (orphaned) orphan_release();
 }
 
 void PoolCore::release_recorded(Block* b) noexcept {
@@ -412,6 +476,7 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
     if (b->large) {
       on->lock.lock();
       const std::uint64_t tag = on->fence_seq.load(std::memory_order_relaxed);
+      fence_if_asked(*on);
       on->lock.unlock();
       std::lock_guard<std::mutex> arena(arena_mutex_);
       b->state = on;
@@ -419,7 +484,7 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
       arena_free(b);
     } else {
       on->lock.lock();
-      put_back(*on, b);
+      put_back_fenced(*on, b);
       on->lock.unlock();
     }
     if (orphaned) orphan_release();
@@ -437,12 +502,14 @@ void PoolCore::orphan() noexcept {
   orphan_remaining_.store(1);
   {
     std::lock_guard<std::mutex> registry(registry_mutex_);
-    for (const auto& state : states_) {
-      state->lock.lock();
-      state->orphaned = true;
-      orphan_remaining_.fetch_add(state->counters.live);
-      state->lock.unlock();
-    }
+    const auto count = [&](StreamState& state) {
+      state.lock.lock();
+      state.orphaned = true;
+      orphan_remaining_.fetch_add(state.counters.live);
+      state.lock.unlock();
+    };
+    for (const auto& state : states_) count(*state);
+    count(*private_state_);
   }
   orphan_release();
 }

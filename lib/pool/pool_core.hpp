@@ -150,6 +150,16 @@ class PoolCore {
   // Resolves a stream handle to its state, per options().stream_checks (pool_core.cpp).
   StreamState* resolve(cudaStream_t stream, std::error_code& error) noexcept;
 
+  // --- for the capture layer (capture_support.cpp) ------------------------------------------
+  // A clean range of at least `bytes` for a CapturePool's private memory, counted as a live
+  // allocation of the pool (so the pool outlives it).
+  Block* take_private(std::size_t bytes, std::error_code& error) noexcept;
+  // Back to the arena, clean: a CapturePool's memory has no pending work when it goes (its graphs
+  // are gone and their replays complete).
+  void return_private(Block* range) noexcept;
+  void bind_capture(CaptureId id, CaptureBinding* binding);
+  void unbind_capture(CaptureId id) noexcept;
+
  private:
   // pool_core.cpp
   StreamState* resolve_slow(cudaStream_t stream, std::uint64_t key, std::error_code& error) noexcept;
@@ -158,9 +168,15 @@ class PoolCore {
                        std::error_code& error) noexcept;
   void release_slow(Block* block) noexcept;
   void release_recorded(Block* block) noexcept;
+  // An allocation on a stream that is being captured: from the CapturePool bound to the capture,
+  // or Errc::capture_without_pool.
   Block* allocate_captured(std::size_t bytes, cudaStream_t stream, CaptureStatus status,
-                           std::error_code& error) noexcept;
+                           CaptureId capture, std::error_code& error) noexcept;
   void put_back(StreamState& s, Block* block) noexcept;  // [s.lock]
+  // put_back, then the fence the options or another stream ask for. [s.lock]
+  void put_back_fenced(StreamState& s, Block* block) noexcept;
+  // Records a fence on s if fence_every_free is set or another stream asked for one. [s.lock]
+  void fence_if_asked(StreamState& s) noexcept;
   void count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept;  // [s.lock]
   bool count_release(StreamState& s, Block* b) noexcept;  // [s.lock]; true: orphan count-down
   void orphan_release() noexcept;
@@ -252,6 +268,9 @@ class PoolCore {
   PoolOptions options_;
   SizeClasses classes_;
   std::uint64_t uid_;  // unique over the program's life: keys the threads' stream caches
+  // How far a stream's published byte and allocation counts may run above its true ones.
+  std::int64_t byte_slack_;
+  std::int64_t count_slack_;
 
   // Registry [registry_mutex_]. Lock order: registry_mutex_ before any stream's lock.
   mutable std::mutex registry_mutex_;
@@ -304,6 +323,12 @@ class PoolCore {
   std::atomic<std::uint64_t> device_allocations_{0};
   std::atomic<std::uint64_t> device_frees_{0};
   std::atomic<std::uint64_t> oom_retries_{0};
+
+  // Captures with a CapturePool under way, by capture id [capture_mutex_].
+  std::mutex capture_mutex_;
+  std::unordered_map<CaptureId, CaptureBinding*> captures_;
+  // The owner of CapturePools' private ranges: counted like a stream, registered as none.
+  std::unique_ptr<StreamState> private_state_;
 
   // Lifetime: see orphan().
   std::atomic<std::int64_t> orphan_remaining_{0};

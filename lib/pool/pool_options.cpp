@@ -35,7 +35,7 @@ std::size_t parse_size(std::string_view key, std::string_view value) {
   else if (suffix == "M" || suffix == "m" || suffix == "MiB") shift = 20;
   else if (suffix == "G" || suffix == "g" || suffix == "GiB") shift = 30;
   else if (!suffix.empty()) bad(key, value, "unknown size suffix (use K, M or G)");
-  if (shift != 0 && number > (std::size_t{1} << (63 - shift))) bad(key, value, "too large");
+  if (number > (~std::size_t{0} >> shift)) bad(key, value, "too large");
   return number << shift;
 }
 

@@ -32,12 +32,9 @@ void publish_one(std::int64_t value, std::int64_t& published, std::int64_t slack
 }  // namespace
 
 void PoolCore::publish(StreamCounters& c) noexcept {
-  const auto granule = static_cast<std::int64_t>(options_.stats_granule);
-  publish_one(c.requested, c.requested_published, 2 * granule, requested_published_,
+  publish_one(c.requested, c.requested_published, byte_slack_, requested_published_,
               requested_peak_);
-  // Allocation counts move by one: a granule of 64 allocations for every MiB of byte granule.
-  const std::int64_t count_slack = granule == 0 ? 0 : 2 * std::max<std::int64_t>(1, granule >> 14);
-  publish_one(c.live, c.live_published, count_slack, live_published_, live_peak_);
+  publish_one(c.live, c.live_published, count_slack_, live_published_, live_peak_);
 }
 
 void PoolCore::count_device_allocation(std::size_t bytes) noexcept {
@@ -56,9 +53,9 @@ PoolStats PoolCore::stats() const {
   PoolStats s;
   {
     std::lock_guard<std::mutex> registry(registry_mutex_);
-    for (const auto& state : states_) {
-      state->lock.lock();
-      const StreamCounters& c = state->counters;
+    const auto add = [&s](StreamState& state) {
+      state.lock.lock();
+      const StreamCounters& c = state.counters;
       s.requested_bytes.current += c.requested;
       s.requested_bytes.total += c.requested_total;
       s.live_allocations.current += c.live;
@@ -68,8 +65,10 @@ PoolStats PoolCore::stats() const {
       s.fences_recorded += c.fences;
       s.cross_stream_reuses += c.cross_stream;
       s.blocking_fallbacks += c.blocking;
-      state->lock.unlock();
-    }
+      state.lock.unlock();
+    };
+    for (const auto& state : states_) add(*state);
+    add(*private_state_);
   }
   s.requested_bytes.peak = std::max(requested_peak_.load(), s.requested_bytes.current);
   s.live_allocations.peak = std::max(live_peak_.load(), s.live_allocations.current);

@@ -1,0 +1,170 @@
+// CapturePool and CapturedGraph: buffers that live exactly as long as the CUDA graphs that use
+// them.
+//
+// A captured graph bakes device addresses into its nodes: every replay reads and writes the same
+// memory, which must stay allocated, and out of everyone else's hands, for as long as any graph
+// that uses it can still be launched. The lifetime rules:
+//
+//   - A CapturePool is shared (std::shared_ptr). Its owners: the caller's handles, each
+//     CapturedGraph made with it, and each CUDA graph made with it (through a user object the
+//     graph retains, so that a cudaGraphExec_t that outlives its CapturedGraph wrapper can never
+//     replay into freed memory).
+//   - During a capture begun with begin_capture_with_pool, allocations (through the MemoryPool the
+//     CapturePool was made from) on the captured stream, or on streams joined to the capture,
+//     come from the CapturePool's private memory and stay pinned to it: never recycled to the
+//     shared cache while the pool lives. A drop during the capture returns the memory to the
+//     pool's private lists, reusable later in the same capture on the same stream (stream order
+//     makes that safe). A buffer of the shared cache dropped during the capture on the captured
+//     stream is adopted by the pool: the graph may use it.
+//   - No call that CUDA refuses during the capture's mode is made: in global and thread-local
+//     mode the pool does not grow during capture. reserve(bytes) sets memory aside before;
+//     past it, an allocation during capture fails with Errc::capture_pool_exhausted. In relaxed
+//     mode the pool grows from the MemoryPool as needed.
+//   - When the last reference goes, every registered buffer is dropped in registration order, then
+//     the private memory goes back to the MemoryPool. CUDA forbids CUDA calls in a user object's
+//     destructor, so a release that comes from a graph is only queued there; the library
+//     completes it at its next safe point (any capture or graph call, a MemoryPool slow path, or
+//     complete_graph_releases()).
+//   - Graphs that share a CapturePool share its private memory: replay them in stream order
+//     (one after another on one stream, or ordered by events), never concurrently.
+//
+//     auto pool = std::make_shared<streampool::CapturePool>(memory_pool);
+//     auto a = streampool::PooledBuffer<float>::alloc_async(memory_pool, 1024, stream);
+//     auto b = streampool::PooledBuffer<float>::alloc_async(memory_pool, 1024, stream);
+//     float* pa = a.data();
+//     float* pb = b.data();
+//     pool->record_buffer(std::move(a));  // the pool now keeps both alive
+//     pool->record_buffer(std::move(b));
+//     pool->seal();
+//     streampool::begin_capture_with_pool(pool, stream);
+//     my_kernel<<<grid, block, 0, stream>>>(pa, pb);  // captured, not run
+//     auto graph = streampool::end_capture_with_pool(stream, pool);
+//     pool.reset();  // safe: the graph holds its own reference
+//     graph.launch(stream);
+//
+// (examples/capture_pool.cu compiles and runs this.)
+#pragma once
+
+#include <streampool/device.hpp>
+#include <streampool/memory_pool.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace streampool {
+
+namespace detail {
+class CaptureBinding;
+}
+
+class CapturePool {
+ public:
+  explicit CapturePool(MemoryPool& source);
+  // Drops the registered buffers in registration order, then returns the private memory. If a
+  // capture with this pool is still under way, ends it and discards what it captured.
+  ~CapturePool();
+  CapturePool(const CapturePool&) = delete;
+  CapturePool& operator=(const CapturePool&) = delete;
+
+  // A sealed pool satisfies no new allocation during capture (Errc::capture_pool_sealed).
+  void seal() noexcept;
+  void unseal() noexcept;
+  bool is_capture_pool_sealed() const noexcept;
+
+  // Sets `bytes` of private memory aside, so that a capture in global or thread-local mode can
+  // allocate up to that much. Call it outside capture. Throws Error (out_of_memory, ...).
+  void reserve(std::size_t bytes);
+  // Private memory held, and how much of it is free.
+  std::size_t reserved_bytes() const;
+  std::size_t free_bytes() const;
+
+  // Keeps any movable owner of GPU memory (a PooledBuffer, a shared_ptr to one, a user's own
+  // type) alive for the pool's lifetime. Returns its registration index.
+  template <class B>
+  std::size_t record_buffer(B&& buffer) {
+    using Held = std::remove_cvref_t<B>;
+    static_assert(std::is_move_constructible_v<Held>, "record_buffer needs a movable owner");
+    auto holder = std::make_unique<Holder<Held>>(std::forward<B>(buffer));
+    std::lock_guard<std::mutex> lock(buffers_mutex_);
+    buffers_.push_back(std::move(holder));
+    return buffers_.size() - 1;
+  }
+  std::size_t buffer_count() const;
+  // Drops every registered buffer now, in registration order. The pool stays usable.
+  void clear_buffers() noexcept;
+
+  MemoryPool& source() const noexcept { return source_; }
+  detail::CaptureBinding& binding() const noexcept { return *binding_; }
+
+ private:
+  struct HolderBase {
+    virtual ~HolderBase() = default;
+  };
+  template <class B>
+  struct Holder final : HolderBase {
+    explicit Holder(B&& b) : held(std::move(b)) {}
+    explicit Holder(const B& b) : held(b) {}
+    B held;
+  };
+
+  MemoryPool& source_;
+  detail::CaptureBinding* binding_;  // reference-counted: live private blocks hold it too
+  mutable std::mutex buffers_mutex_;
+  std::vector<std::unique_ptr<HolderBase>> buffers_;
+};
+
+// An instantiated graph captured with a CapturePool. Holds its own reference to the pool.
+class CapturedGraph {
+ public:
+  CapturedGraph() = default;
+  CapturedGraph(CapturedGraph&& other) noexcept;
+  CapturedGraph& operator=(CapturedGraph&& other) noexcept;
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  // Destroys the executable graph (CUDA finishes replays in flight first).
+  ~CapturedGraph();
+
+  // Enqueues one replay on `stream`. Throws Error on failure.
+  void launch(cudaStream_t stream);
+  // Prepares the graph for launch on `stream` ahead of time.
+  void upload(cudaStream_t stream);
+  std::uint64_t replay_count() const noexcept { return replays_; }
+  bool valid() const noexcept { return exec_ != nullptr; }
+  cudaGraphExec_t exec() const noexcept { return exec_; }
+  // Gives up the executable graph without destroying it: the caller destroys it
+  // (cudaGraphExecDestroy). The graph itself still keeps the pool alive.
+  cudaGraphExec_t release() noexcept;
+  const std::shared_ptr<CapturePool>& pool() const noexcept { return pool_; }
+
+ private:
+  friend CapturedGraph end_capture_with_pool(cudaStream_t, std::shared_ptr<CapturePool>);
+  CapturedGraph(Device* device, cudaGraphExec_t exec, std::shared_ptr<CapturePool> pool) noexcept
+      : device_(device), exec_(exec), pool_(std::move(pool)) {}
+  void destroy() noexcept;
+
+  Device* device_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  std::shared_ptr<CapturePool> pool_;
+  std::uint64_t replays_ = 0;
+};
+
+// Starts capturing `stream` with `pool` bound to it. Throws Error: invalid_value for a null pool,
+// capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
+// cannot begin.
+void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+                             CaptureMode mode = CaptureMode::global);
+// Ends the capture and instantiates the graph. The stream leaves capture whatever happens.
+// Throws Error: capture_mismatch when `stream` is not being captured with `pool`,
+// capture_invalidated when the capture was invalidated, CUDA's error otherwise.
+CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool);
+
+// Completes releases that graphs handed to the library (see the lifetime rules above). The
+// library calls it at its own safe points; calling it is never necessary, only sooner.
+void complete_graph_releases() noexcept;
+
+}  // namespace streampool

@@ -1,0 +1,258 @@
+// CapturePool, CapturedGraph, and the capture calls.
+#include "capture_binding.hpp"
+
+#include "../pool/capture_guard.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/error.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace streampool {
+namespace {
+
+// Releases that graphs handed over: a CUDA user object's destructor runs on a thread of CUDA's
+// and must not call CUDA, but dropping a CapturePool drops buffers (fences) and may free device
+// memory. So the destructor only queues its reference here, and complete_graph_releases() drops
+// the queued references at a safe point.
+struct Deferred {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<CapturePool>*> queue;
+  std::atomic<bool> pending{false};
+};
+Deferred& deferred() {
+  static Deferred* instance = new Deferred;  // never destroyed: CUDA may call in at exit
+  return *instance;
+}
+
+void CUDART_CB release_from_graph(void* ref) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  try {
+    d.queue.push_back(static_cast<std::shared_ptr<CapturePool>*>(ref));
+  } catch (const std::bad_alloc&) {
+    return;  // the pool leaks rather than being destroyed here
+  }
+  d.pending.store(true, std::memory_order_release);
+}
+
+// Unbinds the binding's capture from its stream and from the pool's capture map.
+void unbind(detail::CaptureBinding& binding) noexcept {
+  const detail::CaptureBinding::Capture capture = binding.capture();
+  if (!capture.active) return;
+  detail::PoolCore& core = binding.core();
+  capture.origin->capture.store(nullptr, std::memory_order_release);
+  capture.origin->attention.fetch_and(~detail::capture_bound, std::memory_order_release);
+  core.unbind_capture(capture.id);
+  detail::note_capture_end(capture.mode, capture.thread);
+  binding.end_capture();
+  binding.unref();  // the capture's reference
+}
+
+}  // namespace
+
+void complete_graph_releases() noexcept {
+  Deferred& d = deferred();
+  if (!d.pending.load(std::memory_order_acquire)) return;
+  if (!detail::unsafe_calls_allowed_here()) return;  // a capture under way: later
+  std::vector<std::shared_ptr<CapturePool>*> queue;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    queue.swap(d.queue);
+    d.pending.store(false, std::memory_order_release);
+  }
+  for (auto* ref : queue) delete ref;
+}
+
+// --- CapturePool ----------------------------------------------------------------------------
+
+CapturePool::CapturePool(MemoryPool& source)
+    : source_(source), binding_(new detail::CaptureBinding(source.core())) {
+  complete_graph_releases();
+}
+
+CapturePool::~CapturePool() {
+  const detail::CaptureBinding::Capture capture = binding_->capture();
+  if (capture.active) {
+    // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture.
+    cudaGraph_t graph = nullptr;
+    Device& device = source_.device();
+    device.end_capture(capture.stream, &graph);
+    if (graph != nullptr) device.graph_destroy(graph);
+    unbind(*binding_);
+  }
+  clear_buffers();
+  binding_->unref();
+}
+
+void CapturePool::seal() noexcept { binding_->sealed.store(true, std::memory_order_release); }
+void CapturePool::unseal() noexcept { binding_->sealed.store(false, std::memory_order_release); }
+bool CapturePool::is_capture_pool_sealed() const noexcept {
+  return binding_->sealed.load(std::memory_order_acquire);
+}
+
+void CapturePool::reserve(std::size_t bytes) {
+  if (bytes == 0) return;
+  std::error_code error;
+  binding_->reserve(bytes, error);
+  if (error) {
+    const auto code = static_cast<Errc>(error.value());
+    if (code == Errc::out_of_memory) {
+      throw Error(code, "CapturePool::reserve: " + source_.core().out_of_memory_message(bytes, nullptr));
+    }
+    throw Error(code, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
+  }
+}
+
+std::size_t CapturePool::reserved_bytes() const { return binding_->reserved_bytes(); }
+std::size_t CapturePool::free_bytes() const { return binding_->free_bytes(); }
+
+std::size_t CapturePool::buffer_count() const {
+  std::lock_guard<std::mutex> lock(buffers_mutex_);
+  return buffers_.size();
+}
+
+void CapturePool::clear_buffers() noexcept {
+  std::vector<std::unique_ptr<HolderBase>> buffers;
+  {
+    std::lock_guard<std::mutex> lock(buffers_mutex_);
+    buffers.swap(buffers_);
+  }
+  for (auto& buffer : buffers) buffer.reset();  // in registration order
+}
+
+// --- capture ------------------------------------------------------------------------------
+
+void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+                             CaptureMode mode) {
+  if (pool == nullptr) throw Error(Errc::invalid_value, "begin_capture_with_pool: no pool");
+  complete_graph_releases();
+  detail::CaptureBinding& binding = pool->binding();
+  detail::PoolCore& core = binding.core();
+  std::error_code error;
+  detail::StreamState* s = core.resolve(stream, error);
+  if (s == nullptr) throw Error(static_cast<Errc>(error.value()), "begin_capture_with_pool");
+  if (binding.capture().active) {
+    throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
+  }
+  detail::CaptureBinding* expected = nullptr;
+  if (!s->capture.compare_exchange_strong(expected, &binding)) {
+    throw Error(Errc::capture_mismatch,
+                "begin_capture_with_pool: the stream is already captured with a pool");
+  }
+  Device& device = core.device();
+  cudaError_t status = device.begin_capture(stream, mode);
+  CaptureStatus state = CaptureStatus::none;
+  CaptureId id = 0;
+  if (status == cudaSuccess) status = device.capture_info(stream, &state, &id);
+  if (status != cudaSuccess) {
+    s->capture.store(nullptr);
+    throw Error(status, "begin_capture_with_pool: cudaStreamBeginCapture");
+  }
+  try {
+    core.bind_capture(id, &binding);
+    detail::note_capture_begin(mode, std::this_thread::get_id());
+  } catch (...) {
+    cudaGraph_t graph = nullptr;
+    device.end_capture(stream, &graph);
+    if (graph != nullptr) device.graph_destroy(graph);
+    core.unbind_capture(id);
+    s->capture.store(nullptr);
+    throw;
+  }
+  binding.ref();  // the capture's reference
+  binding.set_capture({true, id, mode, stream, s, std::this_thread::get_id()});
+  s->attention.fetch_or(detail::capture_bound, std::memory_order_release);
+}
+
+CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool) {
+  if (pool == nullptr) throw Error(Errc::invalid_value, "end_capture_with_pool: no pool");
+  detail::CaptureBinding& binding = pool->binding();
+  const detail::CaptureBinding::Capture capture = binding.capture();
+  if (!capture.active || capture.stream != stream) {
+    throw Error(Errc::capture_mismatch,
+                "end_capture_with_pool: the stream is not being captured with this pool");
+  }
+  Device& device = binding.core().device();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = device.end_capture(stream, &graph);
+  unbind(binding);  // the stream has left capture, whatever end_capture said
+  complete_graph_releases();
+  if (ended != cudaSuccess) {
+    if (graph != nullptr) device.graph_destroy(graph);
+    throw Error(ended, "end_capture_with_pool: cudaStreamEndCapture");
+  }
+
+  // The graph keeps the pool alive by itself, through a user object it retains.
+  auto* ref = new std::shared_ptr<CapturePool>(pool);
+  cudaUserObject_t object = nullptr;
+  cudaError_t status = device.user_object_create(&object, ref, release_from_graph);
+  if (status != cudaSuccess) {
+    delete ref;
+    device.graph_destroy(graph);
+    throw Error(status, "end_capture_with_pool: cudaUserObjectCreate");
+  }
+  status = device.graph_retain_user_object(graph, object);
+  if (status != cudaSuccess) {
+    device.user_object_release(object);  // queues the reference
+    device.graph_destroy(graph);
+    complete_graph_releases();
+    throw Error(status, "end_capture_with_pool: cudaGraphRetainUserObject");
+  }
+  cudaGraphExec_t exec = nullptr;
+  status = device.graph_instantiate(&exec, graph);
+  device.graph_destroy(graph);  // the executable graph holds its own reference to the object
+  if (status != cudaSuccess) {
+    complete_graph_releases();
+    throw Error(status, "end_capture_with_pool: cudaGraphInstantiate");
+  }
+  return CapturedGraph(&device, exec, std::move(pool));
+}
+
+// --- CapturedGraph ------------------------------------------------------------------------
+
+CapturedGraph::CapturedGraph(CapturedGraph&& other) noexcept
+    : device_(std::exchange(other.device_, nullptr)),
+      exec_(std::exchange(other.exec_, nullptr)),
+      pool_(std::move(other.pool_)),
+      replays_(std::exchange(other.replays_, 0)) {}
+
+CapturedGraph& CapturedGraph::operator=(CapturedGraph&& other) noexcept {
+  if (this != &other) {
+    destroy();
+    device_ = std::exchange(other.device_, nullptr);
+    exec_ = std::exchange(other.exec_, nullptr);
+    pool_ = std::move(other.pool_);
+    replays_ = std::exchange(other.replays_, 0);
+  }
+  return *this;
+}
+
+CapturedGraph::~CapturedGraph() { destroy(); }
+
+void CapturedGraph::destroy() noexcept {
+  if (exec_ != nullptr) device_->graph_exec_destroy(std::exchange(exec_, nullptr));
+  pool_.reset();
+  complete_graph_releases();
+}
+
+void CapturedGraph::launch(cudaStream_t stream) {
+  if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::launch: no graph");
+  complete_graph_releases();
+  throw_on_cuda_error(device_->graph_launch(exec_, stream), "CapturedGraph::launch");
+  ++replays_;
+}
+
+void CapturedGraph::upload(cudaStream_t stream) {
+  if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::upload: no graph");
+  throw_on_cuda_error(device_->graph_upload(exec_, stream), "CapturedGraph::upload");
+}
+
+cudaGraphExec_t CapturedGraph::release() noexcept {
+  pool_.reset();
+  return std::exchange(exec_, nullptr);
+}
+
+}  // namespace streampool
