@@ -216,7 +216,31 @@ void PoolCore::release_large(Block* b) noexcept {
   if (orphaned) orphan_release();
 }
 
+void PoolCore::coalesce_clean() noexcept {
+  // Neighbours with different owners stay apart when freed; once their owners' fences completed
+  // (or the device synchronized) they are all clean and may merge.
+  const auto free_clean = [&](Block* r) {
+    return r != nullptr && r->free && !r->is_slab && range_clean(r);
+  };
+  for (const auto& segment : segments_) {
+    for (Block* r = segment->first; r != nullptr; r = r->after) {
+      if (!free_clean(r) || !free_clean(r->after)) continue;
+      arena_erase_free(r);
+      while (free_clean(r->after)) {
+        Block* right = r->after;
+        arena_erase_free(right);
+        r->size += right->size;
+        r->after = right->after;
+        if (right->after != nullptr) right->after->before = r;
+        delete_block(right);
+      }
+      arena_insert_free(r);
+    }
+  }
+}
+
 std::size_t PoolCore::release_free_segments(std::size_t bytes_to_keep) noexcept {
+  coalesce_clean();
   std::size_t released = 0;
   for (std::size_t i = 0; i < segments_.size();) {
     if (static_cast<std::size_t>(reserved_.load()) <= bytes_to_keep) break;

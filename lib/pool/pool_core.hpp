@@ -219,6 +219,7 @@ class PoolCore {
   void arena_insert_free(Block* range) noexcept;  // [arena_mutex_]
   void arena_erase_free(Block* range) noexcept;   // [arena_mutex_]
   bool range_clean(Block* range) noexcept;        // normalizes a completed owner to clean
+  void coalesce_clean() noexcept;  // merges adjacent free clean ranges [arena_mutex_]
   std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;  // [arena_mutex_]
   Block* new_block();  // [arena_mutex_]
   void delete_block(Block* b) noexcept;  // [arena_mutex_]

@@ -105,6 +105,10 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
   }
   make_clean(clean);
   return_free_slabs();
+  {
+    std::lock_guard<std::mutex> arena(arena_mutex_);
+    coalesce_clean();
+  }
   recycle_retired();
   return true;
 }

@@ -1,0 +1,285 @@
+// Allocation during capture: served from the CapturePool's private memory, pinned to it, never by
+// a call CUDA refuses in the capture's mode.
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+
+#include <thread>
+
+using streampool::CaptureMode;
+using streampool::CapturePool;
+using streampool::CaptureStatus;
+using streampool::Errc;
+using streampool::FakeDevice;
+using streampool::PooledBuffer;
+using Bytes = PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+CaptureStatus status_of(FakeDevice& fake, cudaStream_t s) {
+  CaptureStatus status = CaptureStatus::none;
+  streampool::CaptureId id = 0;
+  REQUIRE(fake.capture_info(s, &status, &id) == cudaSuccess);
+  return status;
+}
+
+const CaptureMode all_modes[] = {CaptureMode::global, CaptureMode::thread_local_,
+                                 CaptureMode::relaxed};
+}  // namespace
+
+TEST_CASE("an allocation during capture comes from the pool's private memory") {
+  for (CaptureMode mode : all_modes) {
+    CAPTURE(static_cast<int>(mode));
+    PoolOnFake pool;
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    auto capture = std::make_shared<CapturePool>(*pool);
+    capture->reserve(MiB);
+    const std::size_t free_before = capture->free_bytes();
+    const auto mallocs_before = fake.calls(FakeDevice::Call::malloc);
+
+    streampool::begin_capture_with_pool(capture, s, mode);
+    auto x = Bytes::alloc_async(*pool, 1000, s);
+    REQUIRE(capture->free_bytes() == free_before - 1024);
+    fake.launch(s, {{x.data(), x.byte_size(), true}});
+    auto graph = streampool::end_capture_with_pool(s, capture);
+    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+    REQUIRE(fake.calls(FakeDevice::Call::malloc) == mallocs_before);  // private memory only
+
+    SECTION("the block stays pinned after the capture: a drop returns it to the pool") {
+      void* pinned = x.data();
+      x.reset();
+      REQUIRE(capture->free_bytes() == free_before);
+      auto shared = Bytes::alloc_async(*pool, 1000, s);  // not capturing: the shared cache
+      REQUIRE(static_cast<void*>(shared.data()) != pinned);
+    }
+    graph.launch(s);
+    fake.complete_all();
+    REQUIRE(fake.hazards().empty());
+  }
+}
+
+TEST_CASE("a drop during capture is reusable later in the same capture on the same stream") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+  streampool::begin_capture_with_pool(capture, s);
+  void* first = nullptr;
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, s);
+    fake.launch(s, {{x.data(), x.byte_size(), true}});
+    first = x.data();
+  }
+  auto y = Bytes::alloc_async(*pool, 4096, s);
+  REQUIRE(static_cast<void*>(y.data()) == first);
+  fake.launch(s, {{y.data(), y.byte_size(), true}});
+  auto graph = streampool::end_capture_with_pool(s, capture);
+  REQUIRE(graph.valid());
+  y.reset();
+  (void)other;
+  graph.launch(s);
+  fake.complete_all();
+  REQUIRE(fake.hazards().empty());
+}
+
+TEST_CASE("past the reservation, an allocation during capture fails and the capture survives") {
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    PoolOnFake pool;
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    auto capture = std::make_shared<CapturePool>(*pool);
+    capture->reserve(MiB);
+    streampool::begin_capture_with_pool(capture, s, mode);
+    auto fits = Bytes::alloc_async(*pool, MiB / 2, s);
+    std::error_code error;
+    auto refused = Bytes::try_alloc_async(*pool, MiB, s, error);
+    REQUIRE(refused.is_empty());
+    REQUIRE(error == Errc::capture_pool_exhausted);
+    REQUIRE_THROWS_AS(Bytes::alloc_async(*pool, MiB, s), streampool::Error);
+    REQUIRE(status_of(fake, s) == CaptureStatus::active);
+    REQUIRE(fake.calls(FakeDevice::Call::malloc) == 1);  // the reservation, before the capture
+    REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+  }
+}
+
+TEST_CASE("in relaxed mode the pool grows during capture") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
+  auto x = Bytes::alloc_async(*pool, 3 * MiB, s);
+  REQUIRE(capture->reserved_bytes() >= 3 * MiB);
+  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+}
+
+TEST_CASE("a sealed pool refuses allocations during capture, and the error reaches the caller") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+  capture->seal();
+  REQUIRE(capture->is_capture_pool_sealed());
+  streampool::begin_capture_with_pool(capture, s);
+  try {
+    Bytes::alloc_async(*pool, 100, s);
+    FAIL("allocated from a sealed pool");
+  } catch (const streampool::Error& e) {
+    REQUIRE(e.errc() == Errc::capture_pool_sealed);
+  }
+  capture->unseal();
+  REQUIRE_FALSE(capture->is_capture_pool_sealed());
+  auto x = Bytes::alloc_async(*pool, 100, s);
+  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+}
+
+TEST_CASE("an allocation on a stream captured without a pool fails with capture_without_pool") {
+  using streampool::StreamChecks;
+  for (StreamChecks checks : {StreamChecks::identity, StreamChecks::full}) {
+    CAPTURE(static_cast<int>(checks));
+    auto options = test_options();
+    options.stream_checks = checks;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    Bytes::alloc_async(*pool, 1000, s).reset();  // cached on s
+    const auto before = pool->stats();
+    REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+    // A size never cached (every mode catches a miss); and, under full checks, a cached one.
+    std::vector<std::size_t> sizes{std::size_t{3} << 20};
+    if (checks == StreamChecks::full) sizes.push_back(1000);
+    for (std::size_t bytes : sizes) {
+      std::error_code error;
+      auto x = Bytes::try_alloc_async(*pool, bytes, s, error);
+      REQUIRE(x.is_empty());
+      REQUIRE(error == Errc::capture_without_pool);
+    }
+    REQUIRE(status_of(fake, s) == CaptureStatus::active);  // the capture is untouched
+    cudaGraph_t graph = nullptr;
+    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+    fake.graph_destroy(graph);
+    REQUIRE(pool->stats().live_allocations.current == before.live_allocations.current);
+    REQUIRE(pool->stats().reserved_bytes.current == before.reserved_bytes.current);
+  }
+}
+
+TEST_CASE("no call CUDA refuses is made during capture, in any mode, even from other threads") {
+  for (CaptureMode mode : all_modes) {
+    CAPTURE(static_cast<int>(mode));
+    auto options = test_options();
+    options.fence_every_free = true;  // fences on every drop: they must avoid the capture
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    cudaStream_t elsewhere = fake.create_stream();
+    auto before_capture = Bytes::alloc_async(*pool, 5000, s);
+    auto capture = std::make_shared<CapturePool>(*pool);
+    capture->reserve(2 * MiB);
+
+    streampool::begin_capture_with_pool(capture, s, mode);
+    for (int i = 0; i < 20; ++i) {
+      auto x = Bytes::alloc_async(*pool, 1000 + 5000 * i, s);
+      fake.launch(s, {{x.data(), x.byte_size(), true}});
+    }
+    before_capture.reset();  // a shared block dropped during capture: adopted, no fence
+    // Another thread works with the pool meanwhile, on a stream that is not captured.
+    std::thread([&] {
+      std::error_code error;
+      for (int i = 0; i < 20; ++i) {
+        auto y = Bytes::try_alloc_async(*pool, 1 << (10 + i % 10), elsewhere, error);
+        if (mode == CaptureMode::global && !y.is_empty()) fake.launch(elsewhere);
+        if (error) REQUIRE(error == Errc::capture_forbids_call);
+      }
+    }).join();
+    REQUIRE(status_of(fake, s) == CaptureStatus::active);
+    auto graph = streampool::end_capture_with_pool(s, capture);
+    REQUIRE(graph.valid());
+    graph.launch(s);
+    fake.complete_all();
+    REQUIRE(fake.hazards().empty());
+  }
+}
+
+TEST_CASE("a shared block dropped on the captured stream during capture is adopted by the pool") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, 4096, s);
+  void* adopted = x.data();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  fake.launch(s, {{x.data(), x.byte_size(), true}});  // the graph uses it
+  x.reset();
+  auto graph = streampool::end_capture_with_pool(s, capture);
+  auto after = Bytes::alloc_async(*pool, 4096, s);
+  REQUIRE(static_cast<void*>(after.data()) != adopted);  // not back in the cache
+  REQUIRE(pool->stats().live_allocations.current == 2);
+  capture.reset();
+  graph = streampool::CapturedGraph();
+  REQUIRE(pool->stats().live_allocations.current == 1);  // released with the pool
+}
+
+TEST_CASE("a capture that fails or is abandoned leaks nothing and leaves the stream") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  const auto baseline = pool->stats().live_allocations.current;
+
+  SECTION("invalidated: end_capture_with_pool throws, the stream is out of capture") {
+    auto capture = std::make_shared<CapturePool>(*pool);
+    capture->reserve(MiB);
+    streampool::begin_capture_with_pool(capture, s);
+    auto x = Bytes::alloc_async(*pool, 1000, s);
+    void* p = nullptr;
+    REQUIRE(fake.malloc(&p, 100) == cudaErrorStreamCaptureUnsupported);  // invalidates it
+    try {
+      streampool::end_capture_with_pool(s, capture);
+      FAIL("ended an invalidated capture");
+    } catch (const streampool::Error& e) {
+      REQUIRE(e.errc() == Errc::capture_invalidated);
+    }
+    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+    x.reset();
+    capture.reset();
+  }
+  SECTION("abandoned: the pool's last reference goes mid-capture") {
+    auto capture = std::make_shared<CapturePool>(*pool);
+    capture->reserve(MiB);
+    streampool::begin_capture_with_pool(capture, s);
+    {
+      auto x = Bytes::alloc_async(*pool, 1000, s);
+    }
+    capture.reset();
+    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+  }
+  REQUIRE(pool->stats().live_allocations.current == baseline);
+  // The stream is usable again, outside capture.
+  auto y = Bytes::alloc_async(*pool, 1000, s);
+  REQUIRE_FALSE(y.is_empty());
+}
+
+TEST_CASE("begin and end refuse a mismatched stream or pool") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  auto other = std::make_shared<CapturePool>(*pool);
+  REQUIRE_THROWS_AS(streampool::begin_capture_with_pool(nullptr, s), streampool::Error);
+  streampool::begin_capture_with_pool(capture, s);
+  REQUIRE_THROWS_WITH(streampool::begin_capture_with_pool(capture, t),
+                      Catch::Contains("already capturing"));
+  REQUIRE_THROWS_WITH(streampool::begin_capture_with_pool(other, s),
+                      Catch::Contains("already captured"));
+  REQUIRE_THROWS_AS(streampool::end_capture_with_pool(t, capture), streampool::Error);
+  REQUIRE_THROWS_AS(streampool::end_capture_with_pool(s, other), streampool::Error);
+  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+}
