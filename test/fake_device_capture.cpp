@@ -64,7 +64,8 @@ TEST_CASE("begin_capture refuses the legacy default stream with cudaErrorStreamC
   end_and_discard(device, cudaStreamPerThread, cudaSuccess);
 }
 
-TEST_CASE("capture_info reports no capture, an active one with a unique id, then an invalidated one",
+TEST_CASE("capture_info reports no capture, an active one with a unique id, then an invalidated "
+          "one",
           "[fake][capture]") {
   FakeDevice device;
   cudaStream_t a = device.create_stream();

@@ -228,7 +228,8 @@ TEST_CASE("an access spanning two allocations, even adjacent ones, is out of bou
   REQUIRE(f.out_of_bounds() == 1);
 }
 
-TEST_CASE("an access inside a live allocation, up to its last byte, or of no bytes, is in bounds",
+TEST_CASE("an access inside a live allocation, up to its last byte, or of no bytes, is in "
+          "bounds",
           "[fake][hazards]") {
   RaceFixture f;
   f.device.launch(f.a, {write_of(f.buffer, 1024), read_of(offset(f.buffer, 1023), 1)});

@@ -31,8 +31,12 @@ inline const std::byte* offset(const void* ptr, std::size_t bytes) {
 // "0x7f0000000100": how hazard messages write addresses.
 inline std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
-inline FakeDevice::Access write_of(const void* ptr, std::size_t bytes) { return {ptr, bytes, true}; }
-inline FakeDevice::Access read_of(const void* ptr, std::size_t bytes) { return {ptr, bytes, false}; }
+inline FakeDevice::Access write_of(const void* ptr, std::size_t bytes) {
+  return {ptr, bytes, true};
+}
+inline FakeDevice::Access read_of(const void* ptr, std::size_t bytes) {
+  return {ptr, bytes, false};
+}
 
 inline void* must_malloc(FakeDevice& device, std::size_t bytes) {
   void* ptr = nullptr;

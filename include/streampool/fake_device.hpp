@@ -17,9 +17,10 @@
 //   faults   fail_next(call) makes the next calls of a kind fail with CUDA's error for it;
 //            calls(call) counts them.
 //   hazards  a launch may name the memory it reads and writes; two accesses to the same bytes,
-//            at least one a write, from work that stream order and events do not order, are a
-//            race, recorded in hazards(). So is an access outside any live allocation, and a CUDA
-//            call from inside a user object's destructor.
+//            at least one a write, from work that stream order and events do not order (the
+//            earlier one still pending when the later is launched), are a race, recorded in
+//            hazards(). So is an access outside any live allocation, and a CUDA call from inside
+//            a user object's destructor.
 //
 // Streams are identified as in CUDA: handles of destroyed streams are reused at once by the next
 // create_stream(); stream ids never are. cudaStreamPerThread names a different stream in each
@@ -100,11 +101,15 @@ class FakeDevice final : public Device {
 
   FakeDevice();
   explicit FakeDevice(Options options);
+  // Drops pending work without running its bodies, and runs the destructors of the user objects
+  // still alive, so that nothing they own leaks.
   ~FakeDevice() override;
   FakeDevice(const FakeDevice&) = delete;
   FakeDevice& operator=(const FakeDevice&) = delete;
 
   // --- the simulation's controls (not seam calls: never counted, never failed) ------------
+  // Naming an unknown or destroyed stream in a control is a bug in the test: it throws
+  // std::invalid_argument.
 
   cudaStream_t create_stream();
   // Destroys a stream: its pending work stays pending (and completes when completed), and its
@@ -114,7 +119,8 @@ class FakeDevice final : public Device {
   // Enqueues a unit of work on `stream` touching `accesses`; `body`, if given, runs when the work
   // completes (on the thread that completes it), so it can write host-backed memory like a
   // kernel would. On a capturing stream the work is captured instead and runs on each launch of
-  // the graph.
+  // the graph. Bodies run in stream order with no lock of the fake held, so they may call it;
+  // completions are serialized, so a body must not wait for another thread that completes work.
   void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
               std::function<void()> body = {});
   void launch(cudaStream_t stream, const std::vector<Access>& accesses,
