@@ -864,10 +864,10 @@ cudaError_t FakeDevice::event_synchronize(cudaEvent_t event) noexcept {
 
 // --- the seam: streams ------------------------------------------------------------------------
 
-// On a capturing stream CUDA would add the event's work as an external dependency of the graph;
-// replay here is ordered by the launch stream alone, so the wait has no effect. Waiting on a
-// captured event would make the stream join the capture, which the fake does not simulate: its
-// (empty) clock adds nothing.
+// On a capturing stream, waiting on an event recorded in a capture is a fork or join inside the
+// graph (the fake does not simulate streams joining a capture: it adds nothing); waiting on one
+// recorded outside is refused (below). Waiting on a captured event from a stream that is not
+// capturing would make the stream join the capture, which the fake does not simulate either.
 cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
@@ -875,7 +875,13 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
   auto it = s.events.find(event);
   Stream* target = s.find_stream(stream);
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
-  if (target->capture) return cudaSuccess;
+  if (target->capture) {
+    // A capturing stream may wait on an event recorded in a capture (fork and join); one recorded
+    // outside any capture is refused and invalidates the capture, in every mode (seen on the H200).
+    if (it->second.captured) return cudaSuccess;
+    target->capture->invalidated = true;
+    return cudaErrorStreamCaptureIsolation;
+  }
   for (const auto& [other, seq] : it->second.covers) {
     if (other == target->id) continue;  // stream order already covers it
     std::uint64_t& followed = target->follows[other];
@@ -953,7 +959,7 @@ cudaError_t FakeDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noe
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::begin_capture); e != cudaSuccess) return e;
-  if (is_legacy(stream)) return cudaErrorStreamCaptureImplicit;
+  if (is_legacy(stream)) return cudaErrorStreamCaptureUnsupported;  // as the H200 answers
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) return cudaErrorIllegalState;
@@ -971,6 +977,9 @@ cudaError_t FakeDevice::end_capture(cudaStream_t stream, cudaGraph_t* graph) noe
   if (!target->capture) return cudaErrorIllegalState;
   Capture& capture = *target->capture;
   if (capture.mode != CaptureMode::relaxed && capture.thread != std::this_thread::get_id()) {
+    // Refused, and the capture is over: seen on the H200, the stream leaves capture.
+    target->capture.reset();
+    *graph = nullptr;
     return cudaErrorStreamCaptureWrongThread;
   }
   if (capture.invalidated) {

@@ -241,6 +241,42 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("waiting on an event recorded outside the capture in "
+                    << contract::mode_name(mode) << " mode fails and invalidates it") {
+      cudaEvent_t event = nullptr;
+      REQUIRE(device.event_create(&event) == cudaSuccess);
+      cudaStream_t other = h.create_stream();
+      REQUIRE(device.event_record(event, other) == cudaSuccess);
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.stream_wait_event(stream, event) == cudaErrorStreamCaptureIsolation);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(device.event_destroy(event) == cudaSuccess);
+      h.destroy_stream(other);
+    }
+  }
+
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    DYNAMIC_SECTION("ending a " << contract::mode_name(mode)
+                                << " capture from another thread fails and ends it") {
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      cudaError_t status = cudaErrorUnknown;
+      cudaGraph_t graph = nullptr;
+      std::thread([&] { status = device.end_capture(stream, &graph); }).join();
+      REQUIRE(status == cudaErrorStreamCaptureWrongThread);
+      REQUIRE(graph == nullptr);
+      REQUIRE(status_of(device, stream) == CaptureStatus::none);
+    }
+  }
+
+  SECTION("the legacy default stream cannot be captured") {
+    REQUIRE(device.begin_capture(cudaStreamLegacy, CaptureMode::global) ==
+            cudaErrorStreamCaptureUnsupported);
+    REQUIRE(device.begin_capture(nullptr, CaptureMode::relaxed) ==
+            cudaErrorStreamCaptureUnsupported);
+  }
+
   SECTION("an event recorded inside a capture cannot be queried") {
     cudaEvent_t event = nullptr;
     REQUIRE(device.event_create(&event) == cudaSuccess);

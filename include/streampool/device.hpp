@@ -77,7 +77,8 @@ class Device {
   // --- streams ----------------------------------------------------------------------------
 
   // cudaStreamWaitEvent: work enqueued on `stream` from now on waits for the event, without
-  // blocking the CPU.
+  // blocking the CPU. On a capturing stream, an event recorded outside any capture is refused
+  // (cudaErrorStreamCaptureIsolation) and the capture invalidated, in every mode.
   virtual cudaError_t stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept = 0;
   // cudaStreamSynchronize: blocks until the stream's work completes. Refused on a capturing
   // stream in every mode, and on any stream by a restricting capture.
@@ -85,8 +86,9 @@ class Device {
   // cudaDeviceSynchronize: blocks until all work of the device completes. Refused while any
   // capture is under way.
   virtual cudaError_t device_synchronize() noexcept = 0;
-  // cudaStreamGetId. Allowed during capture. Requires a live stream (a destroyed stream's handle
-  // names whatever stream CUDA gave it to next, or nothing).
+  // cudaStreamGetId. Allowed during capture. Requires a live stream: a destroyed stream's handle
+  // names whatever stream CUDA gave it to next, or nothing (asking about it crashed the process
+  // on the H200).
   virtual cudaError_t stream_id(cudaStream_t stream, StreamId* id) noexcept = 0;
   // cudaStreamGetCaptureInfo: the stream's capture status and, when active, the capture's id.
   // Allowed during capture, in every mode.
@@ -95,12 +97,13 @@ class Device {
 
   // --- capture and graphs -----------------------------------------------------------------
 
-  // cudaStreamBeginCapture. Requires a stream that is not capturing and is not the legacy
-  // default stream.
+  // cudaStreamBeginCapture. Requires a stream that is not capturing (cudaErrorIllegalState) and
+  // is not the legacy default stream (cudaErrorStreamCaptureUnsupported).
   virtual cudaError_t begin_capture(cudaStream_t stream, CaptureMode mode) noexcept = 0;
   // cudaStreamEndCapture. Requires the stream that began the capture, in the thread that began
-  // it when the mode is not relaxed. Returns cudaErrorStreamCaptureInvalidated (and no graph)
-  // when the capture was invalidated; the stream leaves capture mode either way.
+  // it when the mode is not relaxed (from another thread: cudaErrorStreamCaptureWrongThread, and
+  // the capture is over). Returns cudaErrorStreamCaptureInvalidated (and no graph) when the
+  // capture was invalidated; the stream leaves capture mode either way.
   virtual cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) noexcept = 0;
   // cudaGraphInstantiate(flags 0). The executable graph holds its own references to the user
   // objects the graph retains.
