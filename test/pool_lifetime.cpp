@@ -189,6 +189,32 @@ TEST_CASE("trim returns wholly free memory to the device, down to the target") {
     pool->trim();
     REQUIRE(fake.live_bytes() == 0);
   }
+  SECTION("neighbouring large blocks used on two streams go back whole once both are free") {
+    // Each waits, parked, for a fence on both streams; neither may merge with the other before.
+    cudaStream_t other = fake.create_stream();
+    auto x = Bytes::alloc_async(*pool, 1536 * KiB, s);  // side by side in one 4 MiB segment
+    auto y = Bytes::alloc_async(*pool, 1536 * KiB, s);
+    REQUIRE(y.data() == x.data() + x.byte_size());
+    for (Bytes* buffer : {&x, &y}) {
+      write_on(fake, s, *buffer);
+      cudaEvent_t written = nullptr;
+      REQUIRE(fake.event_create(&written) == cudaSuccess);
+      REQUIRE(fake.event_record(written, s) == cudaSuccess);
+      REQUIRE(fake.stream_wait_event(other, written) == cudaSuccess);
+      fake.launch(other, {{buffer->data(), buffer->byte_size(), false}});
+      REQUIRE(fake.event_destroy(written) == cudaSuccess);
+      buffer->record_stream(other);
+    }
+    x.reset();  // the lower one first: when it becomes clean, the upper one is still parked
+    y.reset();
+    REQUIRE(fake.live_bytes() == 4 * MiB);
+    pool->trim();
+    REQUIRE(fake.live_bytes() == 0);
+    REQUIRE(reserved() == 0);
+    auto again = Bytes::alloc_async(*pool, 4 * MiB, s);
+    write_on(fake, s, again);
+    REQUIRE(fake.hazards().empty());
+  }
   SECTION("asking to keep more than is reserved returns nothing") {
     Bytes::alloc_async(*pool, 4 * MiB, s).reset();
     pool->trim(100 * MiB);

@@ -1,1 +1,263 @@
+// Stress: several threads, each on streams of its own, on its per-thread default stream and on
+// one stream they all share, allocate random sizes (small and large), keep or drop them at
+// random, use some on a second stream, complete work and release streams at random. Each buffer
+// is written by pending work over its whole range, so the fake device's race detector checks every
+// hand-over the pool makes. At the end: no two live buffers ever overlapped, no race was seen, and
+// once everything is dropped and the pool destroyed the device holds none of its memory.
 #include "pool_helpers.hpp"
+
+#include <atomic>
+#include <latch>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+using streampool::FakeDevice;
+using streampool::MemoryPool;
+using streampool::PooledBuffer;
+using streampool::StreamChecks;
+using Bytes = PooledBuffer<std::byte>;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr int threads = 4;
+constexpr int streams_per_thread = 2;
+constexpr int steps_per_thread = 8000;
+
+// The address ranges of the buffers alive now, checked at each allocation. Catch's assertions
+// are not thread-safe: threads record what they saw here, the test asserts it afterwards.
+class LiveRanges {
+ public:
+  void add(const void* ptr, std::size_t bytes) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    const std::uintptr_t end = begin + bytes;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto next = ranges_.lower_bound(begin);
+    if (next != ranges_.end() && next->first < end) overlap(begin, end, *next);
+    if (next != ranges_.begin()) {
+      auto previous = std::prev(next);
+      if (previous->second > begin) overlap(begin, end, *previous);
+    }
+    ranges_[begin] = end;
+  }
+  void remove(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ranges_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  }
+  int overlaps() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return overlaps_;
+  }
+  std::string first_overlap() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return first_overlap_;
+  }
+  std::size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ranges_.size();
+  }
+
+ private:
+  void overlap(std::uintptr_t begin, std::uintptr_t end,
+               const std::pair<const std::uintptr_t, std::uintptr_t>& live) {
+    if (overlaps_++ == 0) {
+      first_overlap_ = fmt::format("[{:#x}, {:#x}) handed out while [{:#x}, {:#x}) is live", begin,
+                                   end, live.first, live.second);
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, std::uintptr_t> ranges_;  // begin -> end
+  int overlaps_ = 0;
+  std::string first_overlap_;
+};
+
+struct Shared {
+  Shared(MemoryPool& p, FakeDevice& f) : pool(p), fake(f), common(f.create_stream()) {}
+
+  MemoryPool& pool;
+  FakeDevice& fake;
+  cudaStream_t common;  // used by every thread
+  LiveRanges live;
+  std::latch start{threads};  // the threads begin together, so that they do contend
+  std::atomic<int> failed_allocations{0};
+  std::string first_failure;  // written by the first thread that fails
+  std::atomic<std::uint64_t> allocations{0};
+
+  void fail(std::string what) {
+    if (failed_allocations++ == 0) first_failure = std::move(what);
+  }
+};
+
+// Orders `waiter` after the work enqueued on `first` so far, as a user would with an event.
+void order_after(FakeDevice& fake, cudaStream_t waiter, cudaStream_t first) {
+  cudaEvent_t event = nullptr;
+  fake.event_create(&event);
+  fake.event_record(event, first);
+  fake.stream_wait_event(waiter, event);
+  fake.event_destroy(event);
+}
+
+void run_thread(Shared& shared, const std::vector<cudaStream_t>& own, std::uint32_t seed) {
+  std::mt19937 random(seed);
+  std::vector<cudaStream_t> streams = own;
+  streams.push_back(cudaStreamPerThread);
+  streams.push_back(shared.common);
+  const auto pick = [&](const std::vector<cudaStream_t>& from) {
+    return from[random() % from.size()];
+  };
+  std::vector<Bytes> kept;
+  const auto drop = [&](std::size_t index) {
+    shared.live.remove(kept[index].data());  // before the drop: the block may go out at once
+    kept[index] = std::move(kept.back());
+    kept.pop_back();
+  };
+
+  shared.start.arrive_and_wait();
+  for (int step = 0; step < steps_per_thread; ++step) {
+    cudaStream_t s = pick(streams);
+    const std::size_t bytes = random() % 16 == 0 ? 1 * MiB + random() % (3 * MiB)
+                              : random() % 4 == 0 ? 1 + random() % (1 * MiB)
+                                                  : 1 + random() % (16 * KiB);
+    std::error_code error;
+    Bytes buffer = Bytes::try_alloc_async(shared.pool, bytes, s, error);
+    if (error || buffer.is_empty()) {
+      shared.fail(fmt::format("{} bytes: {}", bytes,
+                              error ? error.message() : "an empty buffer and no error"));
+      continue;
+    }
+    shared.allocations.fetch_add(1, std::memory_order_relaxed);
+    shared.live.add(buffer.data(), buffer.byte_size());
+    shared.fake.launch(s, {{buffer.data(), buffer.byte_size(), true}});
+    if (random() % 10 == 0) {
+      // Also read on another stream, ordered after the write, and named with record_stream.
+      cudaStream_t other = pick(streams);
+      if (other != s) {
+        order_after(shared.fake, other, s);
+        shared.fake.launch(other, {{buffer.data(), buffer.byte_size(), false}});
+        buffer.record_stream(other);
+      }
+    }
+    kept.push_back(std::move(buffer));
+
+    if (kept.size() > 40 || random() % 2 == 0) drop(random() % kept.size());
+    if (random() % 8 == 0) shared.fake.complete(pick(streams));
+    if (random() % 300 == 0) shared.pool.release_stream(pick(streams));
+  }
+  while (!kept.empty()) drop(kept.size() - 1);
+}
+
+void stress(streampool::PoolOptions options) {
+  auto fake = std::make_shared<FakeDevice>();
+  auto pool = std::make_unique<MemoryPool>(fake, options);
+  Shared shared(*pool, *fake);
+  std::vector<std::vector<cudaStream_t>> own(threads);
+  for (auto& streams : own) {
+    for (int i = 0; i < streams_per_thread; ++i) streams.push_back(fake->create_stream());
+  }
+
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back(run_thread, std::ref(shared), std::cref(own[t]),
+                         static_cast<std::uint32_t>(1000 + t));
+  }
+  for (std::thread& worker : workers) worker.join();
+
+  INFO(shared.first_failure);
+  REQUIRE(shared.failed_allocations == 0);
+  REQUIRE(shared.allocations == std::uint64_t{threads} * steps_per_thread);
+  INFO(shared.live.first_overlap());
+  REQUIRE(shared.live.overlaps() == 0);
+  REQUIRE(shared.live.size() == 0);
+
+  fake->complete_all();
+  const auto hazards = fake->hazards();
+  INFO((hazards.empty() ? std::string() : hazards.front().what));
+  REQUIRE(hazards.empty());
+
+  const auto stats = pool->stats();
+  REQUIRE(stats.live_allocations.current == 0);
+  REQUIRE(stats.requested_bytes.current == 0);
+  REQUIRE(stats.live_allocations.total == static_cast<std::int64_t>(shared.allocations.load()));
+  REQUIRE(stats.reserved_bytes.current == static_cast<std::int64_t>(fake->live_bytes()));
+
+  pool.reset();
+  REQUIRE(fake->live_bytes() == 0);
+  REQUIRE(fake->live_allocations() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("threads on many streams never get overlapping memory, and no hand-over races") {
+  auto options = test_options();
+  options.segment_bytes = 16 * MiB;  // several segments, so that the arena's lists are exercised
+
+  SECTION("with the default options (StreamChecks::full)") { stress(options); }
+  SECTION("with fence_every_free") {
+    options.fence_every_free = true;
+    stress(options);
+  }
+  SECTION("with cross_stream_wait") {
+    options.cross_stream_wait = true;
+    stress(options);
+  }
+  SECTION("with StreamChecks::identity") {
+    options.stream_checks = StreamChecks::identity;
+    stress(options);
+  }
+  SECTION("with StreamChecks::none") {
+    options.stream_checks = StreamChecks::none;
+    stress(options);
+  }
+  SECTION("with a stats granule, which changes when the counters are published") {
+    options.stats_granule = 64 * KiB;
+    stress(options);
+  }
+}
+
+TEST_CASE("allocations racing for the blocks of fresh slabs each get a block or an error") {
+  // One block per slab: every allocation carves a slab, and a thread may find the block it
+  // carved already taken by another. It must carve again (or fail with a code), never return an
+  // empty buffer with no error. A race: each round gives it a chance to show.
+  auto options = test_options();
+  options.slab_bytes = 1;
+  options.large_rounding = 4096;
+  options.stream_checks = StreamChecks::none;
+  constexpr int racers = 8;
+  constexpr int per_racer = 500;
+  for (int round = 0; round < 10; ++round) {
+    PoolOnFake pool(options);
+    std::vector<cudaStream_t> streams;
+    for (int t = 0; t < racers; ++t) streams.push_back(pool.fake().create_stream());
+    std::latch start(racers);
+    std::atomic<int> empty_without_error{0};
+    std::atomic<int> errors{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < racers; ++t) {
+      workers.emplace_back([&, s = streams[static_cast<std::size_t>(t)]] {
+        std::vector<Bytes> kept;
+        kept.reserve(per_racer);
+        start.arrive_and_wait();
+        for (int i = 0; i < per_racer; ++i) {
+          std::error_code error;
+          kept.push_back(Bytes::try_alloc_async(*pool, 4096, s, error));
+          if (error) ++errors;
+          else if (kept.back().is_empty()) ++empty_without_error;
+        }
+      });
+    }
+    for (std::thread& worker : workers) worker.join();
+    CAPTURE(round);
+    REQUIRE(errors == 0);
+    REQUIRE(empty_without_error == 0);
+    REQUIRE(pool->stats().live_allocations.total == racers * per_racer);
+  }
+}

@@ -302,7 +302,7 @@ bool PoolCore::count_release(StreamState& s, Block* b) noexcept {
   c.requested -= static_cast<std::int64_t>(b->requested);
   --c.live;
   b->requested = 0;
-  b->free = true;
+  if (!b->large) b->free = true;  // a large range is free once arena_free has indexed it
   if (c.requested_published - c.requested > byte_slack_ ||
       c.live_published - c.live > count_slack_) {
     publish(c);

@@ -206,7 +206,8 @@ class PoolCore {
   Block* allocate_small_slow(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept;
   Block* take_from_depot(StreamState& s, std::uint32_t size_class) noexcept;
   Block* steal(StreamState& s, std::uint32_t size_class) noexcept;
-  bool carve_slab(std::uint32_t size_class, std::error_code& error) noexcept;
+  // A new slab of the class: returns its first block, puts the others in the depot.
+  Block* carve_slab(std::uint32_t size_class, std::error_code& error) noexcept;
 
   // arena.cpp
   Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;

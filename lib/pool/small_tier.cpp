@@ -4,7 +4,7 @@
 //   2. other streams' lists: blocks whose fence has completed (or, with cross_stream_wait, whose
 //      fence is recorded: this stream then waits on it); a stream with only unfenced blocks is
 //      asked to record a fence at its next call;
-//   3. a new slab from the arena, carved into blocks that go to the depot;
+//   3. a new slab from the arena: its first block for this allocation, the rest to the depot;
 //   4. the out-of-memory ladder (reclaim.cpp), then 1-3 again.
 //
 // Blocks taken in bulk (from the depot or another stream) go to this stream's list, tagged as if
@@ -28,8 +28,7 @@ Block* PoolCore::allocate_small_slow(StreamState& s, std::uint32_t size_class,
     if (Block* b = steal(s, size_class)) return b;
     drain_parked();
     if (Block* b = take_from_depot(s, size_class)) return b;
-    if (!carve_slab(size_class, error)) return nullptr;
-    return take_from_depot(s, size_class);
+    return carve_slab(size_class, error);
   };
   return with_reclaim(attempt, error);
 }
@@ -108,7 +107,7 @@ Block* PoolCore::steal(StreamState& s, std::uint32_t size_class) noexcept {
   return taken[0];
 }
 
-bool PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noexcept {
+Block* PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noexcept {
   const std::size_t block = classes_.block_size(size_class);
   const std::size_t per_slab = options_.slab_bytes > block ? options_.slab_bytes / block : 1;
   const std::size_t rounding = options_.large_rounding;
@@ -120,13 +119,13 @@ bool PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noex
     slab->blocks.resize(range_bytes / block);
   } catch (const std::bad_alloc&) {
     error = make_error_code(Errc::out_of_memory);
-    return false;
+    return nullptr;
   }
   Slab* raw = slab.get();
   {
     std::lock_guard<std::mutex> arena(arena_mutex_);
     Block* range = arena_take(nullptr, range_bytes, error);
-    if (range == nullptr) return false;
+    if (range == nullptr) return nullptr;
     range->is_slab = true;
     raw->range = range;
     try {
@@ -135,10 +134,9 @@ bool PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noex
       range->is_slab = false;
       arena_free(range);
       error = make_error_code(Errc::out_of_memory);
-      return false;
+      return nullptr;
     }
   }
-  std::lock_guard<std::mutex> lock(depot_mutex_);
   std::byte* ptr = raw->range->ptr;
   for (Block& b : raw->blocks) {
     b.ptr = ptr;
@@ -147,9 +145,11 @@ bool PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noex
     b.slab = raw;
     b.state = nullptr;
     ptr += block;
-    depot_[size_class].push_back(&b);
   }
-  return true;
+  // The first block is the caller's: other threads may empty the depot before it looks there.
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  for (std::size_t i = 1; i < raw->blocks.size(); ++i) depot_[size_class].push_back(&raw->blocks[i]);
+  return &raw->blocks[0];
 }
 
 }  // namespace streampool::detail
