@@ -113,13 +113,17 @@ Block* PoolCore::arena_grow(std::size_t bytes, std::error_code& error) noexcept 
 }
 
 Block* PoolCore::arena_take(StreamState* s, std::size_t bytes, std::error_code& error) noexcept {
-  Block* range = arena_find(s, bytes);
-  if (range != nullptr) {
-    arena_erase_free(range);
-  } else {
-    range = arena_grow(bytes, error);
-    if (range == nullptr) return nullptr;
-  }
+  if (Block* range = arena_find(s, bytes)) return arena_split(range, bytes);
+  Block* range = arena_grow(bytes, error);
+  return range == nullptr ? nullptr : arena_cut(range, bytes);
+}
+
+Block* PoolCore::arena_split(Block* range, std::size_t bytes) noexcept {
+  arena_erase_free(range);
+  return arena_cut(range, bytes);
+}
+
+Block* PoolCore::arena_cut(Block* range, std::size_t bytes) noexcept {
   if (range->size - bytes >= options_.large_rounding) {
     Block* rest = nullptr;
     try {
@@ -185,6 +189,12 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
   const std::size_t rounded = (bytes + rounding - 1) / rounding * rounding;
   bool grew = false;
   const auto attempt = [&]() -> Block* {
+    {
+      std::lock_guard<std::mutex> arena(arena_mutex_);
+      if (Block* range = arena_find(&s, rounded)) return arena_split(range, rounded);
+    }
+    // Before growing: blocks parked after use on several streams may be free by now.
+    drain_parked();
     std::lock_guard<std::mutex> arena(arena_mutex_);
     const std::size_t segments = segments_.size();
     Block* range = arena_take(&s, rounded, error);

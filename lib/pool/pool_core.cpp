@@ -150,6 +150,7 @@ StreamState* PoolCore::register_stream(cudaStream_t stream, StreamId id) {
   s->handle = stream;
   s->owner = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
   s->attention.store(0, std::memory_order_relaxed);
+  s->recyclable = false;
   s->generation.fetch_add(1, std::memory_order_release);
   by_id_[id] = s;
   if (explicit_stream(stream)) {

@@ -90,6 +90,9 @@ struct alignas(64) StreamState {
   StreamCounters counters;    // [lock]
   std::deque<Fence> fences;   // recorded, not yet known complete, oldest first [lock]
   bool orphaned = false;      // the MemoryPool object is gone; drops count down [lock]
+  // Retired, and every block ever dropped on it is covered by a completed fence: nothing in the
+  // pool still needs its fence indices, so the state may serve another stream. [lock]
+  bool recyclable = false;
 
   // Identity, set when registered (registry mutex) and constant while registered.
   PoolCore* core = nullptr;
@@ -215,6 +218,10 @@ class PoolCore {
   // A range of at least `bytes` usable on `s`. [arena_mutex_]
   Block* arena_take(StreamState* s, std::size_t bytes, std::error_code& error) noexcept;
   Block* arena_find(StreamState* s, std::size_t bytes) noexcept;  // [arena_mutex_]
+  // Takes a free range out of the index and cuts it to `bytes`. [arena_mutex_]
+  Block* arena_split(Block* range, std::size_t bytes) noexcept;
+  // Cuts an unindexed range to `bytes`, indexing the rest as free. [arena_mutex_]
+  Block* arena_cut(Block* range, std::size_t bytes) noexcept;
   Block* arena_grow(std::size_t bytes, std::error_code& error) noexcept;  // [arena_mutex_]
   void arena_free(Block* range) noexcept;  // [arena_mutex_]
   void arena_insert_free(Block* range) noexcept;  // [arena_mutex_]

@@ -58,11 +58,15 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
   }
   // A virtual fence on every stream: blocks dropped before it are covered by the synchronize
   // below; blocks dropped after it (by other threads meanwhile) are not, and keep a later tag.
+  // A retired stream with no live buffer at its boundary can have no drop after it: once the
+  // synchronize is done, nothing of it is pending.
+  std::vector<char> idle(states.size(), 0);
   for (std::size_t i = 0; i < states.size(); ++i) {
     StreamState& s = *states[i];
     s.lock.lock();
     boundary[i] = s.fence_seq.load(std::memory_order_relaxed);
     s.fence_seq.store(boundary[i] + 1, std::memory_order_release);
+    idle[i] = (s.attention.load(std::memory_order_relaxed) & retired) != 0 && s.counters.live == 0;
     s.lock.unlock();
   }
   if (device_->device_synchronize() != cudaSuccess) return false;
@@ -76,6 +80,7 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
       return_event(s.fences.front().event);
       s.fences.pop_front();
     }
+    if (idle[i] != 0) s.recyclable = true;
     // Everything on the stream's lists is clean now: move it to the depot, where every stream
     // (and the slab return below) can see it.
     try {
@@ -164,9 +169,7 @@ void PoolCore::recycle_retired() noexcept {
     StreamState& s = *state;
     if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) continue;
     s.lock.lock();
-    bool empty = s.counters.live == 0 && s.fences.empty() &&
-                 s.completed.load(std::memory_order_relaxed) ==
-                     s.fence_seq.load(std::memory_order_relaxed);
+    bool empty = s.recyclable && s.counters.live == 0 && s.fences.empty();
     for (const BlockList& list : s.free) empty = empty && list.empty();
     if (empty) {
       // Not yet recycled (a recycled state is registered again, which clears `retired`).
@@ -203,6 +206,8 @@ void PoolCore::release_stream(cudaStream_t stream) {
   // A last fence covers everything dropped on the stream; wait for it, and its blocks are clean.
   s->lock.lock();
   const std::uint64_t last = s->fence_seq.load(std::memory_order_relaxed);
+  // With no live buffer now, no drop can come after this fence (the stream is retired).
+  const bool idle = s->counters.live == 0;
   const FenceResult fenced = s->addressable() ? record_fence(*s) : FenceResult::failed;
   cudaEvent_t event = fenced == FenceResult::recorded ? fence_event(*s, last) : nullptr;
   s->lock.unlock();
@@ -217,9 +222,19 @@ void PoolCore::release_stream(cudaStream_t stream) {
     return_event(s->fences.front().event);
     s->fences.pop_front();
   }
+  // Only what the fence covers: a buffer still alive at the fence may have been dropped since
+  // (another thread), after work the fence does not cover.
   for (BlockList& list : s->free) {
-    while (Block* b = list.pop_front()) clean.push_back(b);
+    for (Block* b = list.head; b != nullptr;) {
+      Block* next = b->next;
+      if (b->tag <= last) {
+        list.remove(b);
+        clean.push_back(b);
+      }
+      b = next;
+    }
   }
+  if (idle) s->recyclable = true;
   s->lock.unlock();
   make_clean(clean);
   recycle_retired();
