@@ -125,6 +125,7 @@ struct Stream {
 struct Event {
   bool captured = false;
   Clock covers;  // empty when never recorded: such an event is complete
+  CaptureId capture = 0;  // the capture it was last recorded in, when `captured`
 };
 
 struct Allocation {
@@ -330,6 +331,15 @@ struct FakeDevice::State {
   // For a call CUDA considers unsafe during capture: an active global capture, whoever began it,
   // or an active thread-local one begun by this thread, refuses it and is invalidated (as CUDA
   // does, seen on the H200). Relaxed captures restrict nobody.
+  // Querying or waiting for an event recorded in a capture: refused, and the capture it was
+  // recorded in is invalidated (seen on the H200), whatever its mode.
+  cudaError_t refuse_captured_event(const Event& event) {
+    for (auto& [id, stream] : streams) {
+      if (stream.capture && stream.capture->id == event.capture) stream.capture->invalidated = true;
+    }
+    return cudaErrorCapturedEvent;
+  }
+
   cudaError_t refuse_if_restricted() {
     bool refused = false;
     for (auto& [id, stream] : streams) {
@@ -827,7 +837,7 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) {
     if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
-    it->second = Event{true, {}};
+    it->second = Event{true, {}, target->capture->id};
     return cudaSuccess;
   }
   it->second = Event{false, s.snapshot(*target)};
@@ -840,8 +850,8 @@ cudaError_t FakeDevice::event_query(cudaEvent_t event) noexcept {
   if (cudaError_t e = s.enter(Call::event_query); e != cudaSuccess) return e;
   auto it = s.events.find(event);
   if (it == s.events.end()) return cudaErrorInvalidResourceHandle;
-  // Refused in every mode, without invalidating anything (seen on the H200).
-  if (it->second.captured) return cudaErrorCapturedEvent;
+  // Refused in every mode, and the capture it was recorded in is invalidated (seen on the H200).
+  if (it->second.captured) return s.refuse_captured_event(it->second);
   if (cudaError_t e = s.refuse_if_restricted(); e != cudaSuccess) return e;
   return s.complete(it->second.covers) ? cudaSuccess : cudaErrorNotReady;
 }
@@ -854,7 +864,7 @@ cudaError_t FakeDevice::event_synchronize(cudaEvent_t event) noexcept {
     if (cudaError_t e = s.enter(Call::event_synchronize); e != cudaSuccess) return e;
     auto it = s.events.find(event);
     if (it == s.events.end()) return cudaErrorInvalidResourceHandle;
-    if (it->second.captured) return cudaErrorCapturedEvent;
+    if (it->second.captured) return s.refuse_captured_event(it->second);
     if (cudaError_t e = s.refuse_if_restricted(); e != cudaSuccess) return e;
     covers = it->second.covers;
   }

@@ -277,14 +277,15 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
             cudaErrorStreamCaptureUnsupported);
   }
 
-  SECTION("an event recorded inside a capture cannot be queried") {
+  SECTION("an event recorded inside a capture cannot be queried, and the query invalidates it") {
     cudaEvent_t event = nullptr;
     REQUIRE(device.event_create(&event) == cudaSuccess);
     REQUIRE(device.begin_capture(stream, CaptureMode::relaxed) == cudaSuccess);
     h.launch_short(stream);
     REQUIRE(device.event_record(event, stream) == cudaSuccess);
     REQUIRE(device.event_query(event) == cudaErrorCapturedEvent);
-    REQUIRE(end_and_discard(device, stream) == cudaSuccess);
+    REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+    REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
     REQUIRE(device.event_destroy(event) == cudaSuccess);
   }
 

@@ -211,7 +211,7 @@ TEST_CASE("work launched on an invalidated capture is dropped", "[fake][capture]
 }
 
 TEST_CASE("an event recorded on a capturing stream is captured: querying or synchronizing it fails "
-          "with cudaErrorCapturedEvent and invalidates nothing",
+          "with cudaErrorCapturedEvent and invalidates that capture",
           "[fake][capture]") {
   FakeDevice device;
   cudaStream_t stream = device.create_stream();
@@ -222,9 +222,9 @@ TEST_CASE("an event recorded on a capturing stream is captured: querying or sync
       device.launch(stream);
       REQUIRE(device.event_record(event, stream) == cudaSuccess);
       REQUIRE(device.event_query(event) == cudaErrorCapturedEvent);
+      REQUIRE(capture_status(device, stream) == CaptureStatus::invalidated);
       REQUIRE(device.event_synchronize(event) == cudaErrorCapturedEvent);
-      REQUIRE(capture_status(device, stream) == CaptureStatus::active);
-      end_and_discard(device, stream, cudaSuccess);
+      end_and_discard(device, stream, cudaErrorStreamCaptureInvalidated);
       // Recorded again outside capture, it is an ordinary event.
       REQUIRE(device.event_record(event, stream) == cudaSuccess);
       REQUIRE(device.event_query(event) == cudaSuccess);

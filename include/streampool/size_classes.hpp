@@ -50,10 +50,14 @@ class SizeClasses {
   constexpr explicit SizeClasses(const SizeClassConfig& config = {}) : config_(config) {
     unsigned count = 1;
     block_[0] = config.smallest;
+    if (std::has_single_bit(config.smallest)) {
+      smallest_shift_ = static_cast<int>(std::countr_zero(config.smallest));
+    }
     for (unsigned k = 0; k < max_bands; ++k) {
       band_first_[k] = count;
       const std::size_t base = config.smallest << k;
       const std::size_t step = step_of(base);
+      step_shift_[k] = std::has_single_bit(step) ? static_cast<int>(std::countr_zero(step)) : -1;
       for (std::size_t block = base + step; ; block += step) {
         block_[count++] = block < 2 * base ? block : 2 * base;
         if (block >= 2 * base) break;
@@ -81,19 +85,27 @@ class SizeClasses {
     return (nominal + config_.alignment - 1) / config_.alignment * config_.alignment;
   }
 
+  // On the allocation fast path: with power-of-two sizes (the usual configuration) every
+  // division below is a shift, and the whole mapping is a dozen instructions.
   constexpr unsigned class_of_unchecked(std::size_t bytes) const noexcept {
     if (bytes <= config_.smallest) return 0;
     // k: the band with smallest·2^k < bytes <= smallest·2^(k+1)
-    const unsigned k = static_cast<unsigned>(std::bit_width((bytes - 1) / config_.smallest)) - 1;
+    const std::size_t multiple = smallest_shift_ >= 0 ? (bytes - 1) >> smallest_shift_
+                                                      : (bytes - 1) / config_.smallest;
+    const unsigned k = static_cast<unsigned>(std::bit_width(multiple)) - 1;
     const std::size_t base = config_.smallest << k;
-    const std::size_t step = step_of(base);
-    const std::size_t j = (bytes - base + step - 1) / step;  // 1-based step within the band
+    const std::size_t above = bytes - base - 1;
+    // 1-based step within the band: ceil((bytes - base) / step)
+    const std::size_t j = step_shift_[k] >= 0 ? (above >> step_shift_[k]) + 1
+                                              : above / step_of(base) + 1;
     return band_first_[k] + static_cast<unsigned>(j) - 1;
   }
 
   SizeClassConfig config_;
+  int smallest_shift_ = -1;  // log2(smallest) when it is a power of two, else -1
   unsigned count_ = 0;
   std::array<unsigned, max_bands> band_first_{};
+  std::array<int, max_bands> step_shift_{};  // log2(step) of each band when a power of two
   std::array<std::size_t, max_classes> block_{};
 };
 

@@ -73,26 +73,31 @@ TEST_CASE("no block reaches another stream while its previous owner's kernels ma
       cudaStream_t streams[stream_count];
       for (auto& s : streams) REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
 
+      // Phases: one stream allocates a few buffers of one size, uses them, drops them. Sizes
+      // change from phase to phase, so a stream seldom finds the size in its own cache and must
+      // take blocks other streams dropped: the hand-off under test.
       std::mt19937 random(7);
       std::deque<PooledBuffer<std::uint32_t>> kept[stream_count];
       std::map<void*, int> last_stream;  // address -> stream that last had it
       std::size_t handoffs = 0;
-      const std::size_t words[] = {1024, 4096, 16384, 65536};
-      for (int i = 0; i < iterations(); ++i) {
-        const int s = static_cast<int>(random() % stream_count);
-        const std::size_t n = words[random() % 4];
-        auto buffer = PooledBuffer<std::uint32_t>::alloc_async(pool, n, streams[s]);
-        auto [seen, fresh] = last_stream.emplace(buffer.data(), s);
-        if (!fresh && seen->second != s) ++handoffs;
-        seen->second = s;
-        const std::uint32_t pattern = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
-        REQUIRE(gpu_test::launch_delayed_fill(streams[s], buffer.data(), n, pattern,
-                                              20'000 + random() % 80'000) == cudaSuccess);
-        REQUIRE(gpu_test::launch_sleep(streams[s], 50'000) == cudaSuccess);
-        REQUIRE(gpu_test::launch_count_mismatches(streams[s], buffer.data(), n, pattern,
-                                                  mismatches) == cudaSuccess);
-        kept[s].push_back(std::move(buffer));
-        while (kept[s].size() > 1 + random() % 4) kept[s].pop_front();  // drops, stream-ordered
+      constexpr int per_phase = 8;
+      for (int i = 0; i < iterations(); i += per_phase) {
+        const int s = (i / per_phase) % stream_count;
+        const std::size_t n = 1024 * (1 + random() % 24);
+        for (int j = 0; j < per_phase; ++j) {
+          auto buffer = PooledBuffer<std::uint32_t>::alloc_async(pool, n, streams[s]);
+          auto [seen, fresh] = last_stream.emplace(buffer.data(), s);
+          if (!fresh && seen->second != s) ++handoffs;
+          seen->second = s;
+          const std::uint32_t pattern = 0x9e3779b9u * static_cast<std::uint32_t>(i + j + 1);
+          REQUIRE(gpu_test::launch_delayed_fill(streams[s], buffer.data(), n, pattern,
+                                                20'000 + random() % 80'000) == cudaSuccess);
+          REQUIRE(gpu_test::launch_sleep(streams[s], 50'000) == cudaSuccess);
+          REQUIRE(gpu_test::launch_count_mismatches(streams[s], buffer.data(), n, pattern,
+                                                    mismatches) == cudaSuccess);
+          kept[s].push_back(std::move(buffer));
+        }
+        kept[s].clear();  // drops, stream-ordered: the kernels above may still be running
       }
       for (auto& k : kept) k.clear();
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
