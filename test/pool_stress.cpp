@@ -1,22 +1,23 @@
 // Stress: several threads, each on streams of its own, on its per-thread default stream and on
 // one stream they all share, allocate random sizes (small and large), keep or drop them at
-// random, use some on a second stream, complete work and release streams at random. Each buffer
-// is written by pending work over its whole range, so the fake device's race detector checks every
-// hand-over the pool makes. At the end: no two live buffers ever overlapped, no race was seen, and
-// once everything is dropped and the pool destroyed the device holds none of its memory.
+// random, use some on a second stream, complete work, release streams and replace streams at
+// random. Each buffer is written by pending work over its whole range, so the fake device's race
+// detector checks every hand-over the pool makes. At the end: no two live buffers ever
+// overlapped, no race was seen, and once everything is dropped and the pool destroyed the device
+// holds none of its memory.
 #include "pool_helpers.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
-#include <latch>
 #include <cstdint>
+#include <latch>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 using streampool::FakeDevice;
 using streampool::MemoryPool;
@@ -106,17 +107,27 @@ void order_after(FakeDevice& fake, cudaStream_t waiter, cudaStream_t first) {
   fake.event_destroy(event);
 }
 
-void run_thread(Shared& shared, const std::vector<cudaStream_t>& own, std::uint32_t seed) {
+// One buffer a thread keeps, and the other stream it was used on (or null).
+struct Kept {
+  Bytes buffer;
+  cudaStream_t other = nullptr;
+};
+
+void run_thread(Shared& shared, std::vector<cudaStream_t> own, std::uint32_t seed) {
   std::mt19937 random(seed);
-  std::vector<cudaStream_t> streams = own;
-  streams.push_back(cudaStreamPerThread);
-  streams.push_back(shared.common);
+  const auto all_streams = [&] {
+    std::vector<cudaStream_t> streams = own;
+    streams.push_back(cudaStreamPerThread);
+    streams.push_back(shared.common);
+    return streams;
+  };
+  std::vector<cudaStream_t> streams = all_streams();
   const auto pick = [&](const std::vector<cudaStream_t>& from) {
     return from[random() % from.size()];
   };
-  std::vector<Bytes> kept;
+  std::vector<Kept> kept;
   const auto drop = [&](std::size_t index) {
-    shared.live.remove(kept[index].data());  // before the drop: the block may go out at once
+    shared.live.remove(kept[index].buffer.data());  // before the drop: it may go out at once
     kept[index] = std::move(kept.back());
     kept.pop_back();
   };
@@ -137,20 +148,28 @@ void run_thread(Shared& shared, const std::vector<cudaStream_t>& own, std::uint3
     shared.allocations.fetch_add(1, std::memory_order_relaxed);
     shared.live.add(buffer.data(), buffer.byte_size());
     shared.fake.launch(s, {{buffer.data(), buffer.byte_size(), true}});
-    if (random() % 10 == 0) {
+    cudaStream_t other = nullptr;
+    if (random() % 10 == 0 && (other = pick(streams)) != s) {
       // Also read on another stream, ordered after the write, and named with record_stream.
-      cudaStream_t other = pick(streams);
-      if (other != s) {
-        order_after(shared.fake, other, s);
-        shared.fake.launch(other, {{buffer.data(), buffer.byte_size(), false}});
-        buffer.record_stream(other);
-      }
+      order_after(shared.fake, other, s);
+      shared.fake.launch(other, {{buffer.data(), buffer.byte_size(), false}});
+      buffer.record_stream(other);
     }
-    kept.push_back(std::move(buffer));
+    kept.push_back({std::move(buffer), other});
 
     if (kept.size() > 40 || random() % 2 == 0) drop(random() % kept.size());
     if (random() % 8 == 0) shared.fake.complete(pick(streams));
     if (random() % 300 == 0) shared.pool.release_stream(pick(streams));
+    if (random() % 400 == 0) {
+      // Replace one of the thread's own streams, as a program that creates streams as it goes:
+      // released (as StreamChecks::none asks), destroyed with its work pending and some of its
+      // buffers alive (dropped later), and a new one created, which may get its handle.
+      cudaStream_t& old = own[random() % own.size()];
+      shared.pool.release_stream(old);
+      shared.fake.destroy_stream(old);
+      old = shared.fake.create_stream();
+      streams = all_streams();
+    }
   }
   while (!kept.empty()) drop(kept.size() - 1);
 }
@@ -166,7 +185,7 @@ void stress(streampool::PoolOptions options) {
 
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back(run_thread, std::ref(shared), std::cref(own[t]),
+    workers.emplace_back(run_thread, std::ref(shared), own[t],
                          static_cast<std::uint32_t>(1000 + t));
   }
   for (std::thread& worker : workers) worker.join();

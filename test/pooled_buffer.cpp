@@ -360,11 +360,14 @@ TEST_CASE("raw allocate and deallocate work as cudaMallocAsync and cudaFreeAsync
     FakeDevice& f = fenced.fake();
     cudaStream_t x = f.create_stream();
     cudaStream_t y = f.create_stream();
-    void* p = fenced->allocate(4096, x);
-    order_after(f, y, x);
-    const auto records = f.calls(FakeDevice::Call::event_record);
-    fenced->deallocate(p, 4096, y);
-    REQUIRE(f.calls(FakeDevice::Call::event_record) == records + 1);
+    for (std::size_t bytes : {std::size_t{4096}, 3 * MiB}) {
+      CAPTURE(bytes);
+      void* p = fenced->allocate(bytes, x);
+      order_after(f, y, x);
+      const auto records = f.calls(FakeDevice::Call::event_record);
+      fenced->deallocate(p, bytes, y);
+      REQUIRE(f.calls(FakeDevice::Call::event_record) == records + 1);
+    }
   }
   SECTION("allocate(0) throws invalid_value; try_allocate reports it through the code") {
     REQUIRE(errc_thrown_by([&] { pool->allocate(0, a); }) == Errc::invalid_value);

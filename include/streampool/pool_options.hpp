@@ -29,14 +29,16 @@ enum class StreamChecks {
 struct PoolOptions {
   // Size classes of the small tier: requests up to size_classes.largest are cached per stream in
   // blocks of their class.
-  SizeClassConfig size_classes{512, 4, std::size_t{1} << 20, 256};
+  // (The defaults are what `streampool-bench tune --wide` chose on the GPT-2, ResNet-50 and
+  // two-stream traces recorded on the H200 with the embedded workloads: bench/results/h200.md.)
+  SizeClassConfig size_classes{512, 4, std::size_t{256} << 10, 256};
   // Small blocks are carved from slabs of about this size (at least one block).
-  std::size_t slab_bytes = std::size_t{2} << 20;
+  std::size_t slab_bytes = std::size_t{1} << 20;
   // The large tier reserves device memory in segments of at least this size and serves larger
   // requests best-fit from them, splitting and coalescing ranges.
-  std::size_t segment_bytes = std::size_t{64} << 20;
+  std::size_t segment_bytes = std::size_t{20} << 20;
   // Large requests round up to a multiple of this (a power of two, at least the alignment).
-  std::size_t large_rounding = std::size_t{512} << 10;
+  std::size_t large_rounding = std::size_t{128} << 10;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;

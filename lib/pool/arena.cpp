@@ -2,16 +2,18 @@
 //
 // A large request is rounded up to options.large_rounding and served best-fit from the free
 // ranges (indexed by size), splitting off the rest; a free range merges with free neighbours that
-// belong to the same stream (or are both clean). A free range owned by a stream is usable on that
+// belong to the same stream or to none (see arena_free). A free range owned by a stream is usable on that
 // stream at once and elsewhere once its fence completed, like a small block. When nothing fits,
 // the arena grows by a device allocation of at least options.segment_bytes.
 //
 // Invariant: a segment's ranges tile it exactly, in address order; every free range is in
-// free_ranges_ exactly once, and no two adjacent free ranges have the same owner.
+// free_ranges_ exactly once; two adjacent free ranges, as last merged, had different owners.
 #include "capture_guard.hpp"
 #include "pool_core.hpp"
 
 #include <streampool/error.hpp>
+
+#include <algorithm>
 
 namespace streampool::detail {
 namespace {
@@ -59,13 +61,17 @@ void PoolCore::arena_erase_free(Block* range) noexcept { free_ranges_.erase(rang
 Block* PoolCore::arena_find(StreamState* s, std::size_t bytes) noexcept {
   Block probe;
   probe.size = bytes;
+  // Best fit among the ranges this stream may use, preferring its own (they need no fence for
+  // anyone, and clean ranges stay free for every stream).
   int scanned = 0;
+  Block* clean = nullptr;
   for (auto it = free_ranges_.lower_bound(&probe);
        it != free_ranges_.end() && scanned < best_fit_scan; ++it, ++scanned) {
     Block* range = *it;
-    if ((s != nullptr && range->state == s) || range_clean(range)) return range;
+    if (s != nullptr && range->state == s) return range;
+    if (clean == nullptr && range_clean(range)) clean = range;
   }
-  return nullptr;
+  return clean;
 }
 
 Block* PoolCore::arena_grow(std::size_t bytes, std::error_code& error) noexcept {
@@ -150,31 +156,40 @@ Block* PoolCore::arena_cut(Block* range, std::size_t bytes) noexcept {
 }
 
 void PoolCore::arena_free(Block* range) noexcept {
-  // Merge with free neighbours of the same owner (after learning which owners' fences completed).
+  // Merge with free neighbours (after learning which owners' fences completed). A clean range
+  // merges with any free neighbour: the merged range takes the neighbour's owner and tag, safe on
+  // that stream at once and elsewhere after its fence, as the neighbour was. Two ranges owned by
+  // different streams stay apart until one of them is clean.
   range_clean(range);
   const auto mergeable = [&](Block* neighbour) {
     if (neighbour == nullptr || !neighbour->free || neighbour->is_slab) return false;
     range_clean(neighbour);
-    return neighbour->state == range->state;
+    return neighbour->state == nullptr || range->state == nullptr ||
+           neighbour->state == range->state;
+  };
+  // `keep` absorbs its right neighbour `gone`.
+  const auto absorb = [&](Block* keep, Block* gone) {
+    keep->size += gone->size;
+    keep->after = gone->after;
+    if (gone->after != nullptr) gone->after->before = keep;
+    if (keep->state == nullptr) {
+      keep->state = gone->state;
+      keep->tag = gone->tag;
+    } else if (gone->state != nullptr) {
+      keep->tag = std::max(keep->tag, gone->tag);
+    }
+    delete_block(gone);
   };
   while (mergeable(range->before)) {
     Block* left = range->before;
     arena_erase_free(left);
-    left->size += range->size;
-    left->after = range->after;
-    if (range->after != nullptr) range->after->before = left;
-    left->tag = std::max(left->tag, range->tag);
-    delete_block(range);
+    absorb(left, range);
     range = left;
   }
   while (mergeable(range->after)) {
     Block* right = range->after;
     arena_erase_free(right);
-    range->size += right->size;
-    range->after = right->after;
-    if (right->after != nullptr) right->after->before = range;
-    range->tag = std::max(range->tag, right->tag);
-    delete_block(right);
+    absorb(range, right);
   }
   range->is_slab = false;
   arena_insert_free(range);
@@ -193,8 +208,11 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
       std::lock_guard<std::mutex> arena(arena_mutex_);
       if (Block* range = arena_find(&s, rounded)) return arena_split(range, rounded);
     }
-    // Before growing: blocks parked after use on several streams may be free by now.
+    // Before growing: blocks parked after use on several streams may be free by now, and other
+    // streams' ranges may be covered by fences that completed, or could be by a fence they are
+    // asked for now.
     drain_parked();
+    ask_owners_of_free_ranges(s);
     std::lock_guard<std::mutex> arena(arena_mutex_);
     const std::size_t segments = segments_.size();
     Block* range = arena_take(&s, rounded, error);
@@ -246,6 +264,34 @@ void PoolCore::coalesce_clean() noexcept {
       }
       arena_insert_free(r);
     }
+  }
+}
+
+void PoolCore::ask_owners_of_free_ranges(StreamState& s) noexcept {
+  // Streams that own free ranges (other than s), and whether each has ranges no fence covers yet.
+  std::vector<std::pair<StreamState*, bool>> owners;
+  try {
+    std::lock_guard<std::mutex> arena(arena_mutex_);
+    for (Block* range : free_ranges_) {
+      StreamState* owner = range->state;
+      if (owner == nullptr || owner == &s || range_clean(range)) continue;
+      const bool unfenced = range->tag >= owner->fence_seq.load(std::memory_order_acquire);
+      auto it = std::find_if(owners.begin(), owners.end(),
+                             [owner](const auto& o) { return o.first == owner; });
+      if (it == owners.end()) owners.emplace_back(owner, unfenced);
+      else it->second = it->second || unfenced;
+    }
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  for (auto [owner, unfenced] : owners) {
+    owner->lock.lock();
+    refresh_fences(*owner);
+    // Only the owner's own next call may record its fence.
+    if (unfenced && (owner->attention.load(std::memory_order_relaxed) & retired) == 0) {
+      owner->attention.fetch_or(wants_fence, std::memory_order_relaxed);
+    }
+    owner->lock.unlock();
   }
 }
 

@@ -288,7 +288,7 @@ Block* PoolCore::allocate_captured(std::size_t bytes, cudaStream_t stream, Captu
 
 void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept {
   b->state = &s;
-  b->free = false;
+  if (!b->large) b->free = false;  // a large range's flag is the arena's, under its mutex
   b->requested = bytes;
   StreamCounters& c = s.counters;
   c.requested += static_cast<std::int64_t>(bytes);

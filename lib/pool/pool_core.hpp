@@ -215,6 +215,9 @@ class PoolCore {
   // arena.cpp
   Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
   void release_large(Block* block) noexcept;
+  // Before the arena grows for s: learns which fences of streams owning free ranges completed,
+  // and asks those with unfenced free ranges for a fence.
+  void ask_owners_of_free_ranges(StreamState& s) noexcept;
   // A range of at least `bytes` usable on `s`. [arena_mutex_]
   Block* arena_take(StreamState* s, std::size_t bytes, std::error_code& error) noexcept;
   Block* arena_find(StreamState* s, std::size_t bytes) noexcept;  // [arena_mutex_]

@@ -1,0 +1,331 @@
+#include "compare.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
+#include <cstring>
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace streampool::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::string bytes_label(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20)) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= 1024) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  return s;
+}
+
+// ns per pair: pairs in batches that double until a batch takes `seconds`.
+double time_pairs(Peer& peer, std::size_t bytes, cudaStream_t stream, double seconds) {
+  for (int i = 0; i < 4; ++i) peer.pair(bytes, stream);  // warm: the cache holds a block
+  for (std::size_t n = 16;; n *= 2) {
+    const auto start = Clock::now();
+    for (std::size_t i = 0; i < n; ++i) peer.pair(bytes, stream);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (elapsed >= seconds || n >= (std::size_t{1} << 26)) return elapsed * 1e9 / double(n);
+  }
+}
+
+std::string format_ns(double ns) {
+  return ns >= 10000 ? fmt::format("{:.0f}", ns) : fmt::format("{:.1f}", ns);
+}
+
+}  // namespace
+
+std::string Table::markdown() const {
+  // Appended piece by piece: GCC 12 warns (falsely, -Wrestrict) on `" " + s + " |"`.
+  std::string out = fmt::format("### {}\n\n", title);
+  if (!note.empty()) out.append(note).append("\n\n");
+  const auto line = [&out](const std::vector<std::string>& cells) {
+    out.append("|");
+    for (const auto& cell : cells) out.append(" ").append(cell).append(" |");
+    out.append("\n");
+  };
+  line(header);
+  out.append("|");
+  for (std::size_t i = 0; i < header.size(); ++i) out.append(i == 0 ? " --- |" : " ---: |");
+  out.append("\n");
+  for (const auto& row : rows) line(row);
+  return out;
+}
+
+std::string Table::csv() const {
+  std::string out;
+  const auto line = [&out](const std::vector<std::string>& cells) {
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (i != 0) out.append(",");
+      const std::string& s = cells[i];
+      if (s.find_first_of(",\"") == std::string::npos) {
+        out.append(s);
+        continue;
+      }
+      out.append("\"");
+      for (char c : s) out.append(c == '"' ? "\"\"" : std::string(1, c));
+      out.append("\"");
+    }
+    out.append("\n");
+  };
+  line(header);
+  for (const auto& row : rows) line(row);
+  return out;
+}
+
+Table latency_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOptions& options) {
+  Table table;
+  table.title = "Allocate + free pair, one stream (ns per pair, median)";
+  table.note = fmt::format("Median of {} runs; each run times batches of pairs until one takes "
+                           "{} s. streampool pairs are PooledBuffer lives.",
+                           options.repeats, options.seconds_per_point);
+  table.header.push_back("allocator");
+  for (std::size_t bytes : options.sizes) table.header.push_back(bytes_label(bytes));
+  cudaStream_t stream = new_stream();
+  for (auto& peer : peers) {
+    std::vector<std::string> row{peer->name()};
+    for (std::size_t bytes : options.sizes) {
+      std::vector<double> runs;
+      for (int r = 0; r < options.repeats; ++r) {
+        runs.push_back(time_pairs(*peer, bytes, stream, options.seconds_per_point));
+      }
+      row.push_back(format_ns(median(runs)));
+    }
+    peer->forget_stream(stream);
+    peer->release_cached();
+    table.rows.push_back(std::move(row));
+  }
+  cudaStreamDestroy(stream);
+  return table;
+}
+
+Table scaling_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOptions& options) {
+  Table table;
+  table.title = fmt::format("Threads, each on its own stream: {} pairs (million pairs per second "
+                            "in total, median)",
+                            bytes_label(options.thread_bytes));
+  table.note = fmt::format("All threads start together and run for {} s; median of {} runs.",
+                           options.seconds_per_point * 4, options.repeats);
+  table.header.push_back("allocator");
+  for (int t : options.threads) table.header.push_back(fmt::format("{} thread{}", t, t > 1 ? "s" : ""));
+  for (auto& peer : peers) {
+    std::vector<std::string> row{peer->name()};
+    for (int threads : options.threads) {
+      std::vector<cudaStream_t> streams;
+      for (int t = 0; t < threads; ++t) streams.push_back(new_stream());
+      std::vector<double> runs;
+      for (int r = 0; r < options.repeats; ++r) {
+        std::atomic<bool> stop{false};
+        std::atomic<std::uint64_t> total{0};
+        std::barrier start(threads + 1);
+        std::vector<std::thread> workers;
+        for (int t = 0; t < threads; ++t) {
+          workers.emplace_back([&, t] {
+            peer->pair(options.thread_bytes, streams[t]);  // warm
+            start.arrive_and_wait();
+            std::uint64_t n = 0;
+            while (!stop.load(std::memory_order_relaxed)) {
+              for (int i = 0; i < 64; ++i) peer->pair(options.thread_bytes, streams[t]);
+              n += 64;
+            }
+            total.fetch_add(n);
+          });
+        }
+        start.arrive_and_wait();
+        const auto begin = Clock::now();
+        std::this_thread::sleep_for(std::chrono::duration<double>(options.seconds_per_point * 4));
+        stop = true;
+        for (auto& w : workers) w.join();
+        const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+        runs.push_back(double(total.load()) / elapsed / 1e6);
+      }
+      row.push_back(fmt::format("{:.2f}", median(runs)));
+      for (cudaStream_t s : streams) {
+        peer->forget_stream(s);
+        cudaStreamDestroy(s);
+      }
+    }
+    peer->release_cached();
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+Table handoff_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOptions& options) {
+  Table table;
+  table.title = "Cross-stream hand-off: free on stream A, allocate on stream B";
+  table.note = "Each round allocates 64 KiB on A and frees it on A, then allocates 64 KiB on B "
+               "and keeps it (B frees its oldest of 32 kept). Rounds run for 0.2 s, median of "
+               "the runs; peak reserved is the device memory the allocator held (n/a: it cannot "
+               "tell).";
+  table.header = {"allocator", "ns per round", "peak reserved"};
+  constexpr std::size_t bytes = 65536;
+  for (auto& peer : peers) {
+    cudaStream_t a = new_stream();
+    cudaStream_t b = new_stream();
+    peer->reset_peak();
+    std::vector<double> runs;
+    for (int r = 0; r < options.repeats; ++r) {
+      std::deque<void*> kept;
+      std::size_t rounds = 0;
+      const auto start = Clock::now();
+      double elapsed = 0;
+      while (elapsed < options.seconds_per_point * 4) {
+        for (int i = 0; i < 64; ++i) {
+          peer->deallocate(peer->allocate(bytes, a), bytes, a);
+          kept.push_back(peer->allocate(bytes, b));
+          if (kept.size() > 32) {
+            peer->deallocate(kept.front(), bytes, b);
+            kept.pop_front();
+          }
+        }
+        rounds += 64;
+        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      }
+      for (void* p : kept) peer->deallocate(p, bytes, b);
+      runs.push_back(elapsed * 1e9 / double(rounds));
+    }
+    const std::uint64_t peak = peer->peak_reserved();
+    table.rows.push_back({peer->name(), format_ns(median(runs)),
+                          peak == 0 ? std::string("n/a") : fmt::format("{}", peak)});
+    peer->forget_stream(a);
+    peer->forget_stream(b);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    peer->release_cached();
+  }
+  return table;
+}
+
+Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<Trace>& traces) {
+  Table table;
+  table.title = "Trace replay: time per event and peak reserved memory";
+  table.note = "Every event of the trace in order, on its streams, with no kernels in between. "
+               "Peak reserved over the trace's peak requested; n/a where the allocator cannot "
+               "tell.";
+  table.header = {"trace", "allocator", "ns per event", "peak reserved", "reserved / requested"};
+  for (const Trace& trace : traces) {
+    const std::uint64_t peak_requested = trace.peak_requested();
+    for (auto& peer : peers) {
+      std::vector<cudaStream_t> streams;
+      for (std::size_t i = 0; i < trace.streams.size(); ++i) streams.push_back(new_stream());
+      peer->release_cached();
+      peer->reset_peak();
+      std::vector<void*> live(trace.allocations, nullptr);
+      std::uint64_t failed = 0;
+      const auto start = Clock::now();
+      for (const TraceEvent& e : trace.events) {
+        if (e.kind == TraceEvent::Kind::alloc) {
+          live[e.allocation] = peer->allocate(e.size, streams[e.stream]);
+          failed += live[e.allocation] == nullptr;
+        } else if (live[e.allocation] != nullptr) {
+          peer->deallocate(live[e.allocation], e.size, streams[e.stream]);
+          live[e.allocation] = nullptr;
+        }
+      }
+      cudaDeviceSynchronize();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        if (live[i] != nullptr) peer->deallocate(live[i], 0, streams[0]);
+      }
+      const std::uint64_t peak = peer->peak_reserved();
+      table.rows.push_back(
+          {trace.name, peer->name(),
+           fmt::format("{:.0f}{}", seconds * 1e9 / double(trace.events.size()),
+                       failed ? fmt::format(" ({} failed)", failed) : std::string()),
+           peak == 0 ? std::string("n/a") : fmt::format("{}", peak),
+           peak == 0 || peak_requested == 0 ? std::string("n/a")
+                                            : fmt::format("{:.3f}", double(peak) / double(peak_requested))});
+      for (cudaStream_t s : streams) {
+        peer->forget_stream(s);
+        cudaStreamDestroy(s);
+      }
+      peer->release_cached();
+    }
+  }
+  return table;
+}
+
+namespace {
+
+// PyTorch's figures for a trace from torch_summary.json: {"name": ..., "reserved_bytes.all.peak":
+// ..., "requested_bytes.all.peak": ...} objects in a list. A scanner for exactly that shape.
+bool torch_figures(const std::string& path, const std::string& trace, double& reserved,
+                   double& requested) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  const auto number_after = [&](std::size_t from, std::size_t to, const std::string& key,
+                                double& out) {
+    const std::size_t k = text.find("\"" + key + "\"", from);
+    if (k == std::string::npos || k > to) return false;
+    const std::size_t colon = text.find(':', k);
+    out = std::strtod(text.c_str() + colon + 1, nullptr);
+    return true;
+  };
+  for (std::size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
+    const std::size_t close = text.find('}', open);
+    const std::size_t name = text.find("\"name\"", open);
+    if (name == std::string::npos || name > close) continue;
+    const std::size_t q1 = text.find('"', text.find(':', name) + 1);
+    const std::size_t q2 = text.find('"', q1 + 1);
+    if (text.substr(q1 + 1, q2 - q1 - 1) != trace) continue;
+    return number_after(open, close, "reserved_bytes.all.peak", reserved) &&
+           number_after(open, close, "requested_bytes.all.peak", requested);
+  }
+  return false;
+}
+
+}  // namespace
+
+Table memory_table(const std::vector<Trace>& traces, const PoolOptions& options,
+                   const std::string& torch_summary_path) {
+  Table table;
+  table.title = "Memory: peak reserved / peak requested (device-independent, on the fake device)";
+  table.note = "streampool replayed on the fake device (memory figures do not depend on the GPU); "
+               "PyTorch's figures as recorded with the trace, where a torch_summary.json gives them.";
+  table.header = {"trace", "peak requested", "streampool peak reserved", "streampool ratio",
+                  "PyTorch ratio"};
+  for (const Trace& trace : traces) {
+    ReplayOptions replay_options;
+    replay_options.pool = options;
+    const ReplayReport r = replay(trace, fake_target(), replay_options);
+    double torch_reserved = 0, torch_requested = 0;
+    std::string name = trace.name;
+    for (const char* suffix : {".csv.gz", ".csv"}) {
+      if (name.size() > std::strlen(suffix) &&
+          name.compare(name.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
+        name.resize(name.size() - std::strlen(suffix));
+      }
+    }
+    if (const auto slash = name.find_last_of('/'); slash != std::string::npos) name = name.substr(slash + 1);
+    const bool have_torch = !torch_summary_path.empty() &&
+                            torch_figures(torch_summary_path, name, torch_reserved, torch_requested);
+    table.rows.push_back({trace.name, fmt::format("{}", r.peak_requested),
+                          fmt::format("{}", r.peak_reserved), fmt::format("{:.3f}", r.ratio()),
+                          have_torch ? fmt::format("{:.3f}", torch_reserved / torch_requested)
+                                     : std::string("n/a")});
+  }
+  return table;
+}
+
+}  // namespace streampool::bench

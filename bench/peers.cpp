@@ -1,0 +1,129 @@
+#include "peers.hpp"
+
+#include <streampool/cuda_device.hpp>
+#include <streampool/error.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#include <mutex>
+
+namespace streampool::bench {
+namespace {
+
+class CudaMallocPeer final : public Peer {
+ public:
+  std::string name() const override { return "cudaMalloc + cudaFree"; }
+  void* allocate(std::size_t bytes, cudaStream_t) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, cudaStream_t) override {
+    cudaFree(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ -= bytes;
+  }
+  std::uint64_t peak_reserved() override { return peak_; }
+  void reset_peak() override { peak_ = live_; }
+
+ private:
+  std::mutex mutex_;
+  std::uint64_t live_ = 0;
+  std::uint64_t peak_ = 0;
+};
+
+class MallocAsyncPeer final : public Peer {
+ public:
+  MallocAsyncPeer() {
+    cudaDeviceGetDefaultMemPool(&pool_, 0);
+    std::uint64_t threshold = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+  }
+  std::string name() const override { return "cudaMallocAsync + cudaFreeAsync"; }
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    void* p = nullptr;
+    return cudaMallocAsync(&p, bytes, stream) == cudaSuccess ? p : nullptr;
+  }
+  void deallocate(void* p, std::size_t, cudaStream_t stream) override { cudaFreeAsync(p, stream); }
+  std::uint64_t peak_reserved() override {
+    std::uint64_t high = 0;
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high);
+    return high;
+  }
+  void reset_peak() override {
+    std::uint64_t zero = 0;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero);
+  }
+  void release_cached() override {
+    cudaDeviceSynchronize();
+    cudaMemPoolTrimTo(pool_, 0);
+  }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+class StreampoolPeer final : public Peer {
+ public:
+  StreampoolPeer(const PoolOptions& options, std::string name)
+      : device_(std::make_shared<CudaDevice>(0)), options_(options), name_(std::move(name)) {
+    options_.read_environment = false;
+    pool_ = std::make_unique<MemoryPool>(device_, options_);
+  }
+  std::string name() const override { return name_; }
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    std::error_code error;
+    return pool_->try_allocate(bytes, stream, error);
+  }
+  void deallocate(void* p, std::size_t bytes, cudaStream_t stream) override {
+    pool_->deallocate(p, bytes, stream);
+  }
+  void pair(std::size_t bytes, cudaStream_t stream) override {
+    PooledBuffer<std::byte>::alloc_async(*pool_, bytes, stream);
+  }
+  std::uint64_t peak_reserved() override {
+    return std::uint64_t(pool_->stats().reserved_bytes.peak);
+  }
+  void reset_peak() override { pool_ = std::make_unique<MemoryPool>(device_, options_); }
+  void release_cached() override { pool_->trim(0); }
+  void forget_stream(cudaStream_t stream) override { pool_->release_stream(stream); }
+
+ private:
+  std::shared_ptr<CudaDevice> device_;
+  PoolOptions options_;
+  std::string name_;
+  std::unique_ptr<MemoryPool> pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Peer> make_cuda_malloc_peer() { return std::make_unique<CudaMallocPeer>(); }
+std::unique_ptr<Peer> make_malloc_async_peer() { return std::make_unique<MallocAsyncPeer>(); }
+std::unique_ptr<Peer> make_streampool_peer(const PoolOptions& options, const std::string& name) {
+  return std::make_unique<StreampoolPeer>(options, name);
+}
+
+#ifndef STREAMPOOL_BENCH_HAVE_CUB
+std::unique_ptr<Peer> make_cub_peer() { return nullptr; }
+#endif
+#ifndef STREAMPOOL_BENCH_HAVE_TORCH
+std::unique_ptr<Peer> make_torch_peer() { return nullptr; }
+#endif
+
+std::vector<std::unique_ptr<Peer>> all_peers() {
+  std::vector<std::unique_ptr<Peer>> peers;
+  PoolOptions fastest;
+  fastest.stream_checks = StreamChecks::none;
+  peers.push_back(make_streampool_peer(fastest, "streampool (stream_checks=none)"));
+  peers.push_back(make_streampool_peer(PoolOptions{}, "streampool (default: every check)"));
+  peers.push_back(make_cuda_malloc_peer());
+  peers.push_back(make_malloc_async_peer());
+  if (auto cub = make_cub_peer()) peers.push_back(std::move(cub));
+  if (auto torch = make_torch_peer()) peers.push_back(std::move(torch));
+  return peers;
+}
+
+}  // namespace streampool::bench

@@ -1,0 +1,49 @@
+// The allocators streampool-bench compares, behind one interface. Each peer is measured as its
+// users call it: streampool through PooledBuffer, the others through their own entry points.
+#pragma once
+
+#include <streampool/pool_options.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace streampool::bench {
+
+class Peer {
+ public:
+  virtual ~Peer() = default;
+  virtual std::string name() const = 0;
+  // Stream-ordered allocate and free (blocking ones ignore the stream). allocate returns nullptr
+  // on failure.
+  virtual void* allocate(std::size_t bytes, cudaStream_t stream) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) = 0;
+  // Device memory the peer held at most since reset_peak (0 when the peer cannot tell).
+  virtual std::uint64_t peak_reserved() { return 0; }
+  virtual void reset_peak() {}
+  // Returns cached memory to the device, between measurements.
+  virtual void release_cached() {}
+  // Called once per stream a measurement will no longer use, before it is destroyed.
+  virtual void forget_stream(cudaStream_t) {}
+  // A single allocate+free pair, as users write it: for streampool, a PooledBuffer's life.
+  virtual void pair(std::size_t bytes, cudaStream_t stream) {
+    deallocate(allocate(bytes, stream), bytes, stream);
+  }
+};
+
+std::unique_ptr<Peer> make_cuda_malloc_peer();
+// cudaMallocAsync on the device's default pool, release threshold UINT64_MAX.
+std::unique_ptr<Peer> make_malloc_async_peer();
+std::unique_ptr<Peer> make_streampool_peer(const PoolOptions& options, const std::string& name);
+// Null where the bench was built without it.
+std::unique_ptr<Peer> make_cub_peer();
+std::unique_ptr<Peer> make_torch_peer();
+
+// Every peer available in this build, in table order.
+std::vector<std::unique_ptr<Peer>> all_peers();
+
+}  // namespace streampool::bench

@@ -1,0 +1,83 @@
+// Replaying a trace through a MemoryPool, on the fake device or a real one.
+#pragma once
+
+#include "trace.hpp"
+
+#include <streampool/device.hpp>
+#include <streampool/pool_options.hpp>
+#include <streampool/pool_stats.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace streampool::bench {
+
+// Where a replay runs: the device, and how to make and destroy its streams.
+struct Target {
+  std::shared_ptr<Device> device;
+  std::function<cudaStream_t()> create_stream;
+  std::function<void(cudaStream_t)> destroy_stream;
+  std::string description;  // "fake device" or the GPU's name
+  bool real = false;        // timings mean something only on a real device
+};
+
+// The fake device (memory never backed, work completes at once), or GPU 0 when `gpu` is true.
+// Throws streampool::Error when a GPU is asked for and there is none.
+Target fake_target();
+Target gpu_target();
+// GPU 0 where CUDA sees one, the fake device otherwise.
+Target default_target();
+
+struct TimelinePoint {
+  std::uint64_t event;
+  std::uint64_t requested;
+  std::uint64_t reserved;
+};
+
+struct ReplayReport {
+  std::string trace;
+  std::string target;
+  std::string config;  // the STREAMPOOL_CONF line of the options replayed with
+  std::uint64_t events = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t peak_requested = 0;  // the trace's own peak, as replayed
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t waste_at_peak = 0;   // block bytes minus requested bytes, at the requested peak
+  std::uint64_t device_allocations = 0;
+  std::uint64_t device_frees = 0;
+  std::uint64_t fences = 0;
+  std::uint64_t events_recorded = 0;  // cudaEventRecord calls seen by the device
+  std::uint64_t cross_stream_reuses = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t cache_misses = 0;
+  std::uint64_t blocking_fallbacks = 0;
+  std::uint64_t oom_retries = 0;
+  std::uint64_t failed_allocations = 0;
+  double seconds = 0;
+  bool timed = false;  // seconds measured on a real device
+  std::vector<TimelinePoint> timeline;
+
+  double ratio() const {
+    return peak_requested == 0 ? 0.0 : double(peak_reserved) / double(peak_requested);
+  }
+  double hit_rate() const {
+    const auto all = cache_hits + cache_misses;
+    return all == 0 ? 0.0 : double(cache_hits) / double(all);
+  }
+  double ns_per_event() const { return events == 0 ? 0.0 : seconds * 1e9 / double(events); }
+};
+
+struct ReplayOptions {
+  PoolOptions pool;
+  std::size_t timeline_points = 0;  // 0: no timeline
+  std::function<void(double)> progress;  // called with the fraction done, now and then
+};
+
+// Replays every event in order, on the trace's streams (one stream per recorded stream) and
+// threads (one thread per recorded thread, each keeping its own order; a free waits for its
+// allocation). A free whose block was used on another stream calls record_stream first.
+ReplayReport replay(const Trace& trace, const Target& target, const ReplayOptions& options);
+
+}  // namespace streampool::bench

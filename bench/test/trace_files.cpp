@@ -1,0 +1,131 @@
+// read_trace: files plain or gzip'd, told apart by their first bytes.
+#include "trace.hpp"
+
+#include <catch2/catch.hpp>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+using namespace streampool::bench;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string csv =
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "0,0,alloc,0x7fd465400000,3072,0x0\n"
+    "0,5,free_requested,0x7fd465400000,3072,0x0\n"
+    "0,5,free_completed,0x7fd465400000,3072,0x0\n";
+
+// A directory of its own under the system's temporary directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() /
+            ("streampool_bench_tests." + std::to_string(::getpid()) + "." + std::to_string(++counter));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_plain(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+void write_gzip(const std::string& path, const std::string& text) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  REQUIRE(file != nullptr);
+  REQUIRE(gzwrite(file, text.data(), static_cast<unsigned>(text.size())) ==
+          static_cast<int>(text.size()));
+  REQUIRE(gzclose(file) == Z_OK);
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("read_trace reads plain and gzip'd files alike, telling them apart by content",
+          "[trace][files]") {
+  TempDir dir;
+
+  SECTION("a plain file") {
+    write_plain(dir.file("plain.csv"), csv);
+    const Trace trace = read_trace(dir.file("plain.csv"));
+    CHECK(trace.events.size() == 2);
+    CHECK(trace.completed_frees == 1);
+  }
+  SECTION("a gzip'd file") {
+    write_gzip(dir.file("packed.csv.gz"), csv);
+    const Trace trace = read_trace(dir.file("packed.csv.gz"));
+    CHECK(trace.events.size() == 2);
+    CHECK(trace.completed_frees == 1);
+  }
+  SECTION("a gzip'd file without .gz in its name is still read as gzip") {
+    write_gzip(dir.file("packed.csv"), csv);
+    CHECK(read_trace(dir.file("packed.csv")).events.size() == 2);
+  }
+  SECTION("a plain file named .gz is still read as plain text") {
+    write_plain(dir.file("plain.csv.gz"), csv);
+    CHECK(read_trace(dir.file("plain.csv.gz")).events.size() == 2);
+  }
+  SECTION("a large gzip'd file is read whole") {
+    std::string big = "Thread,Time,Action,Pointer,Size,Stream\n";
+    for (int i = 0; i < 200'000; ++i) {
+      big += "0," + std::to_string(i) + ",allocate," + std::to_string(4096 + i * 512) + ",512,0x0\n";
+    }
+    write_gzip(dir.file("big.csv.gz"), big);
+    const Trace trace = read_trace(dir.file("big.csv.gz"));
+    CHECK(trace.allocations == 200'000);
+    CHECK(trace.events.back().time_us == 199'999);
+  }
+}
+
+TEST_CASE("A trace read from a file is named after the file, without its directory and suffixes",
+          "[trace][files]") {
+  TempDir dir;
+  write_gzip(dir.file("gpt2_train.csv.gz"), csv);
+  write_plain(dir.file("resnet.csv"), csv);
+  CHECK(read_trace(dir.file("gpt2_train.csv.gz")).name == "gpt2_train");
+  CHECK(read_trace(dir.file("resnet.csv")).name == "resnet");
+}
+
+TEST_CASE("Errors reading a file name its path", "[trace][files]") {
+  TempDir dir;
+
+  SECTION("a file that does not exist") {
+    CHECK_THROWS_AS(read_trace(dir.file("missing.csv")), TraceError);
+    CHECK_THROWS_WITH(read_trace(dir.file("missing.csv")),
+                      StartsWith(dir.file("missing.csv") + ": cannot open"));
+  }
+  SECTION("a malformed line in a gzip'd file, with its line number") {
+    write_gzip(dir.file("bad.csv.gz"), csv + "0,9,alloc,0x100,many,0x0\n");
+    CHECK_THROWS_WITH(read_trace(dir.file("bad.csv.gz")),
+                      StartsWith(dir.file("bad.csv.gz") + ":5: ") && Contains("bad Size"));
+  }
+  SECTION("a truncated gzip file") {
+    write_gzip(dir.file("whole.csv.gz"), csv);
+    const std::string bytes = read_bytes(dir.file("whole.csv.gz"));
+    write_plain(dir.file("cut.csv.gz"), bytes.substr(0, bytes.size() - 12));
+    CHECK_THROWS_WITH(read_trace(dir.file("cut.csv.gz")),
+                      StartsWith(dir.file("cut.csv.gz") + ": bad gzip data"));
+  }
+}

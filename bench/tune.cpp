@@ -1,0 +1,92 @@
+#include "tune.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+namespace streampool::bench {
+
+std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
+  constexpr std::size_t KiB = 1024;
+  constexpr std::size_t MiB = 1024 * KiB;
+  using Sizes = std::vector<std::size_t>;
+  const Sizes largest = wide ? Sizes{128 * KiB, 256 * KiB, 1 * MiB} : Sizes{256 * KiB, 1 * MiB};
+  const std::vector<unsigned> per_doubling = wide ? std::vector<unsigned>{2, 4, 8}
+                                                  : std::vector<unsigned>{2, 4};
+  const Sizes rounding = wide ? Sizes{128 * KiB, 256 * KiB, 1 * MiB, 2 * MiB}
+                              : Sizes{256 * KiB, 2 * MiB};
+  const Sizes segment = wide ? Sizes{16 * MiB, 20 * MiB, 32 * MiB, 64 * MiB, 128 * MiB}
+                             : Sizes{20 * MiB, 64 * MiB, 128 * MiB};
+  const Sizes slab = wide ? Sizes{1 * MiB, 2 * MiB, 4 * MiB} : Sizes{2 * MiB};
+  std::vector<PoolOptions> grid;
+  for (std::size_t l : largest) {
+    for (unsigned p : per_doubling) {
+      for (std::size_t r : rounding) {
+        for (std::size_t g : segment) {
+          for (std::size_t b : slab) {
+            PoolOptions o = base;
+            o.size_classes.largest = l;
+            o.size_classes.per_doubling = p;
+            o.large_rounding = r;
+            o.segment_bytes = g;
+            o.slab_bytes = b;
+            grid.push_back(o);
+          }
+        }
+      }
+    }
+  }
+  return grid;
+}
+
+std::vector<TuneRow> tune(const std::vector<Trace>& traces, const std::vector<PoolOptions>& grid,
+                          unsigned threads, const std::function<void(double)>& progress) {
+  std::vector<TuneRow> rows(grid.size());
+  const std::size_t jobs = grid.size() * traces.size();
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  std::mutex progress_mutex;
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    rows[i].options = grid[i];
+    rows[i].reports.resize(traces.size());
+  }
+  const auto worker = [&] {
+    for (std::size_t job; (job = next.fetch_add(1)) < jobs;) {
+      const std::size_t row = job / traces.size();
+      const std::size_t t = job % traces.size();
+      ReplayOptions options;
+      options.pool = grid[row];
+      rows[row].reports[t] = replay(traces[t], fake_target(), options);
+      const std::size_t finished = done.fetch_add(1) + 1;
+      if (progress) {
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        progress(double(finished) / double(jobs));
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < std::max(1u, threads); ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+
+  for (TuneRow& row : rows) {
+    double ratios = 0;
+    for (const ReplayReport& r : row.reports) {
+      ratios += r.ratio();
+      row.device_allocations += r.device_allocations;
+      row.fences += r.fences;
+      row.failed_allocations += r.failed_allocations;
+    }
+    row.mean_ratio = row.reports.empty() ? 0 : ratios / double(row.reports.size());
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const TuneRow& a, const TuneRow& b) {
+    if (a.failed_allocations != b.failed_allocations) return a.failed_allocations < b.failed_allocations;
+    if (a.mean_ratio != b.mean_ratio) return a.mean_ratio < b.mean_ratio;
+    if (a.device_allocations != b.device_allocations) return a.device_allocations < b.device_allocations;
+    return a.fences < b.fences;
+  });
+  return rows;
+}
+
+}  // namespace streampool::bench
