@@ -7,4 +7,4 @@ build=${1:-$root/build}
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build"
-"$build/examples/streampool-example-fake"
+"$build/bench/streampool-bench"  # replays the embedded workloads

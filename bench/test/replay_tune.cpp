@@ -1,0 +1,68 @@
+// Replay and tune on the fake device: the invariants every report keeps, the ranking order, and
+// the STREAMPOOL_CONF line tune recommends being accepted by the pool.
+#include "replay.hpp"
+#include "tune.hpp"
+#include "workloads.hpp"
+
+#include <streampool/fake_device.hpp>
+#include <streampool/memory_pool.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+using namespace streampool::bench;
+
+TEST_CASE("a replay frees every allocation and reports the trace's own peak") {
+  for (const std::string& name : workload_names()) {
+    CAPTURE(name);
+    const Trace trace = make_workload(name, 3);
+    const Target target = fake_target();
+    ReplayOptions options;
+    options.timeline_points = 50;
+    const ReplayReport report = replay(trace, target, options);
+    REQUIRE(report.failed_allocations == 0);
+    REQUIRE(report.peak_requested == trace.peak_requested());
+    REQUIRE(report.peak_reserved >= report.peak_requested);
+    REQUIRE(report.events == trace.events.size());
+    REQUIRE(report.cache_hits + report.cache_misses >= trace.allocations);
+    REQUIRE_FALSE(report.timeline.empty());
+    // Every allocation was freed: the pool, gone, left nothing on the device.
+    auto* fake = dynamic_cast<streampool::FakeDevice*>(target.device.get());
+    REQUIRE(fake != nullptr);
+    REQUIRE(fake->live_bytes() == 0);
+    REQUIRE(fake->hazards().empty());
+  }
+}
+
+TEST_CASE("tune ranks configurations by failures, then mean ratio, then device allocations") {
+  const std::vector<Trace> traces{make_workload("transformer", 1), make_workload("pipeline", 1)};
+  auto grid = tune_grid();
+  REQUIRE(grid.size() >= 12);
+  const auto rows = tune(traces, grid, 2);
+  REQUIRE(rows.size() == grid.size());
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    const TuneRow& a = rows[i - 1];
+    const TuneRow& b = rows[i];
+    REQUIRE(a.failed_allocations <= b.failed_allocations);
+    if (a.failed_allocations == b.failed_allocations) {
+      REQUIRE(a.mean_ratio <= b.mean_ratio);
+      if (a.mean_ratio == b.mean_ratio) REQUIRE(a.device_allocations <= b.device_allocations);
+    }
+  }
+  for (const TuneRow& row : rows) {
+    REQUIRE(row.reports.size() == traces.size());
+    double sum = 0;
+    for (const ReplayReport& r : row.reports) sum += r.ratio();
+    REQUIRE(row.mean_ratio == Approx(sum / double(traces.size())));
+  }
+}
+
+TEST_CASE("the configuration tune recommends is accepted by the pool through STREAMPOOL_CONF") {
+  const auto rows = tune({make_workload("random", 1)}, tune_grid(), 2);
+  const std::string line = rows.front().options.to_conf();
+  REQUIRE(setenv("STREAMPOOL_CONF", line.c_str(), 1) == 0);
+  streampool::MemoryPool pool(std::make_shared<streampool::FakeDevice>());
+  unsetenv("STREAMPOOL_CONF");
+  REQUIRE(pool.options() == rows.front().options);
+}
