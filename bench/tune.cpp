@@ -18,7 +18,7 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
                               : Sizes{256 * KiB, 2 * MiB};
   const Sizes segment = wide ? Sizes{16 * MiB, 20 * MiB, 32 * MiB, 64 * MiB, 128 * MiB}
                              : Sizes{20 * MiB, 64 * MiB, 128 * MiB};
-  const Sizes slab = wide ? Sizes{1 * MiB, 2 * MiB, 4 * MiB} : Sizes{2 * MiB};
+  const Sizes slab = wide ? Sizes{1 * MiB, 2 * MiB, 4 * MiB} : Sizes{base.slab_bytes};
   std::vector<PoolOptions> grid;
   for (std::size_t l : largest) {
     for (unsigned p : per_doubling) {

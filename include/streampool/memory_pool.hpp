@@ -32,6 +32,12 @@
 //     on it, the drop of one of its buffers, release_stream), and by default only when another
 //     stream wants that stream's blocks: one fence covers every block dropped before it.
 //
+// What the caller must do: drop every buffer used on a stream (its own, and those record_stream
+// named it for) before destroying that stream: the drop records fences on the buffer's streams,
+// and a destroyed stream's handle may already name another stream. Under StreamChecks::none, also
+// call release_stream before destroying a stream. Raw allocations (allocate) must be deallocated
+// before the pool is destroyed; PooledBuffers may outlive it.
+//
 // Thread-safe. Destroying a MemoryPool while buffers are alive is safe: their memory goes back to
 // the device when the last of them is dropped.
 #pragma once

@@ -6,7 +6,7 @@
 //
 // Use the memory on its stream; to use it on another stream too, order that stream after the
 // allocation (an event) and call record_stream(other) so that the memory is recycled only after
-// the other stream's work as well. The destructor never throws and never blocks the CPU on the
+// the other stream's work as well. Drop the buffer before destroying any of those streams. The destructor never throws and never blocks the CPU on the
 // normal path (it records fences, it does not wait for them).
 #pragma once
 
@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,11 @@ class PooledBuffer {
   static PooledBuffer alloc_async(MemoryPool& pool, std::size_t n, cudaStream_t stream) {
     std::error_code error;
     PooledBuffer buffer = try_alloc_async(pool, n, stream, error);
+    if (error == Errc::invalid_value) {
+      throw Error(Errc::invalid_value, "PooledBuffer::alloc_async of " + std::to_string(n) +
+                                           " elements of " + std::to_string(sizeof(T)) +
+                                           " bytes: the size must be positive and representable");
+    }
     if (error) detail::throw_allocation_error(pool, error, n * sizeof(T), stream);
     return buffer;
   }

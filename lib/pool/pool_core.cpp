@@ -377,6 +377,8 @@ void PoolCore::put_back_fenced(StreamState& s, Block* b) noexcept {
 
 void PoolCore::fence_if_asked(StreamState& s) noexcept {
   const std::uint32_t attention = s.attention.load(std::memory_order_relaxed);
+  // Never through a retired stream's handle: it may be destroyed and name another stream now.
+  if ((attention & retired) != 0) return;
   if ((options_.fence_every_free || (attention & wants_fence) != 0) && s.addressable()) {
     record_fence(s);
     s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
@@ -404,7 +406,8 @@ void PoolCore::release_recorded(Block* b) noexcept {
   for (StreamState* s : streams) {
     s->lock.lock();
     const std::uint64_t tag = s->fence_seq.load(std::memory_order_relaxed);
-    if (s->addressable() && record_fence(*s) != FenceResult::failed) {
+    const bool live = (s->attention.load(std::memory_order_relaxed) & retired) == 0;
+    if (live && s->addressable() && record_fence(*s) != FenceResult::failed) {
       parked.needs.push_back({s, tag});
     } else {
       lost = true;
