@@ -177,17 +177,9 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
     error = make_error_code(Errc::invalid_value);
     return nullptr;
   }
-  if (options_.stream_checks == StreamChecks::full) {
-    CaptureStatus status = CaptureStatus::none;
-    CaptureId capture = 0;
-    const cudaError_t result = device_->capture_info(stream, &status, &capture);
-    if (result != cudaSuccess) {
-      error = device_error(result);
-      return nullptr;
-    }
-    if (status != CaptureStatus::none) {
-      return allocate_captured(bytes, stream, status, capture, error);
-    }
+  if (Block* b = nullptr;
+      options_.stream_checks == StreamChecks::full && decided_by_capture(bytes, stream, b, error)) {
+    return b;
   }
   StreamState* s = resolve(stream, error);
   if (s == nullptr) return nullptr;
@@ -210,19 +202,11 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
 
 Block* PoolCore::allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t stream,
                                std::error_code& error) noexcept {
-  if (options_.stream_checks != StreamChecks::full) {
-    // Off the fast path, a capture begun without a pool is caught here, before the pool could
-    // make a call the capture refuses or hand out memory the graph would keep using.
-    CaptureStatus status = CaptureStatus::none;
-    CaptureId capture = 0;
-    const cudaError_t result = device_->capture_info(stream, &status, &capture);
-    if (result != cudaSuccess) {
-      error = device_error(result);
-      return nullptr;
-    }
-    if (status != CaptureStatus::none) {
-      return allocate_captured(bytes, stream, status, capture, error);
-    }
+  // Off the fast path, a capture begun without a pool is caught here, before the pool could make
+  // a call the capture refuses or hand out memory the graph would keep using.
+  if (Block* b = nullptr;
+      options_.stream_checks != StreamChecks::full && decided_by_capture(bytes, stream, b, error)) {
+    return b;
   }
   complete_graph_releases();  // a safe point: no lock held, no capture restricting this thread
 
@@ -256,6 +240,21 @@ Block* PoolCore::allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t s
   count_allocation(s, b, bytes);
   s.lock.unlock();
   return b;
+}
+
+bool PoolCore::decided_by_capture(std::size_t bytes, cudaStream_t stream, Block*& out,
+                                  std::error_code& error) noexcept {
+  CaptureStatus status = CaptureStatus::none;
+  CaptureId capture = 0;
+  const cudaError_t result = device_->capture_info(stream, &status, &capture);
+  if (result != cudaSuccess) {
+    error = device_error(result);
+    out = nullptr;
+    return true;
+  }
+  if (status == CaptureStatus::none) return false;
+  out = allocate_captured(bytes, stream, status, capture, error);
+  return true;
 }
 
 Block* PoolCore::allocate_captured(std::size_t bytes, cudaStream_t stream, CaptureStatus status,

@@ -171,6 +171,10 @@ class PoolCore {
                        std::error_code& error) noexcept;
   void release_slow(Block* block) noexcept;
   void release_recorded(Block* block) noexcept;
+  // Asks CUDA whether `stream` is capturing. True when that decides the allocation (an error, or
+  // an allocation from a CapturePool): `out` then holds the result.
+  bool decided_by_capture(std::size_t bytes, cudaStream_t stream, Block*& out,
+                          std::error_code& error) noexcept;
   // An allocation on a stream that is being captured: from the CapturePool bound to the capture,
   // or Errc::capture_without_pool.
   Block* allocate_captured(std::size_t bytes, cudaStream_t stream, CaptureStatus status,
