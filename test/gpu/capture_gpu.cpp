@@ -1,0 +1,152 @@
+// CapturePool on the H200: real captures, real graphs, real replays.
+#include "kernels.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/cuda_device.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+namespace {
+
+using streampool::CapturedGraph;
+using streampool::CapturePool;
+using streampool::PooledBuffer;
+
+constexpr std::size_t words = 1 << 20;
+
+struct Fixture {
+  std::shared_ptr<streampool::CudaDevice> cuda = std::make_shared<streampool::CudaDevice>(0);
+  streampool::MemoryPool pool{cuda};
+  cudaStream_t stream = nullptr;
+  unsigned long long* mismatches = nullptr;
+
+  Fixture() {
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches) == cudaSuccess);
+    REQUIRE(cudaMemset(mismatches, 0, sizeof *mismatches) == cudaSuccess);
+  }
+  ~Fixture() {
+    cudaDeviceSynchronize();
+    cudaFree(mismatches);
+    pool.release_stream(stream);
+    cudaStreamDestroy(stream);
+  }
+  unsigned long long found() {
+    unsigned long long n = ~0ull;
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaMemcpy(&n, mismatches, sizeof n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return n;
+  }
+  // Zeroes the buffer, replays, and counts words the replay did not write.
+  void replay_and_check(const std::function<void()>& launch, std::uint32_t* data,
+                        std::uint32_t value) {
+    REQUIRE(cudaMemsetAsync(data, 0, words * sizeof(std::uint32_t), stream) == cudaSuccess);
+    launch();
+    REQUIRE(gpu_test::launch_count_mismatches(stream, data, words, value, mismatches) ==
+            cudaSuccess);
+  }
+};
+
+// Captures a kernel that fills a buffer cut from the pool's private memory; the pool keeps the
+// buffer; the caller keeps only the address.
+CapturedGraph capture_fill(Fixture& f, const std::shared_ptr<CapturePool>& pool,
+                           std::uint32_t** data, std::uint32_t value) {
+  streampool::begin_capture_with_pool(pool, f.stream);
+  auto out = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
+  REQUIRE(gpu_test::launch_delayed_fill(f.stream, out.data(), words, value, 0) == cudaSuccess);
+  *data = out.data();
+  pool->record_buffer(std::move(out));
+  return streampool::end_capture_with_pool(f.stream, pool);
+}
+
+}  // namespace
+
+TEST_CASE("captured kernels replay into pool memory after the caller dropped its handles",
+          "[capture][gpu]") {
+  Fixture f;
+  auto pool = std::make_shared<CapturePool>(f.pool);
+  pool->reserve(words * sizeof(std::uint32_t));
+  std::uint32_t* data = nullptr;
+  CapturedGraph graph = capture_fill(f, pool, &data, 0xabcd1234u);
+  pool.reset();  // the graph holds its own reference; the buffer lives with the pool
+  for (int i = 0; i < 3; ++i) f.replay_and_check([&] { graph.launch(f.stream); }, data, 0xabcd1234u);
+  REQUIRE(graph.replay_count() == 3);
+  REQUIRE(f.found() == 0);
+}
+
+TEST_CASE("a raw executable graph replays into live memory after its wrapper is gone",
+          "[capture][gpu]") {
+  Fixture f;
+  const auto baseline = f.pool.stats().live_allocations.current;
+  {
+    auto pool = std::make_shared<CapturePool>(f.pool);
+    pool->reserve(words * sizeof(std::uint32_t));
+    std::uint32_t* data = nullptr;
+    CapturedGraph graph = capture_fill(f, pool, &data, 0x5eedu);
+    pool.reset();
+    cudaGraphExec_t exec = graph.release();
+    graph = CapturedGraph();
+    for (int i = 0; i < 3; ++i) {
+      f.replay_and_check([&] { REQUIRE(cudaGraphLaunch(exec, f.stream) == cudaSuccess); }, data,
+                         0x5eedu);
+    }
+    REQUIRE(f.found() == 0);
+    REQUIRE(f.pool.stats().live_allocations.current > baseline);  // still held by the graph
+    REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  }
+  // CUDA runs the user object's destructor on a thread of its own, some time after: the release
+  // it queues is completed at the library's next safe point.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (f.pool.stats().live_allocations.current != baseline &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    streampool::complete_graph_releases();
+  }
+  REQUIRE(f.pool.stats().live_allocations.current == baseline);
+}
+
+TEST_CASE("a sealed pool's refusal during a real capture reaches the caller, and the capture "
+          "survives",
+          "[capture][gpu]") {
+  Fixture f;
+  auto pool = std::make_shared<CapturePool>(f.pool);
+  pool->reserve(words * sizeof(std::uint32_t));
+  pool->seal();
+  streampool::begin_capture_with_pool(pool, f.stream);
+  std::error_code error;
+  auto refused = PooledBuffer<std::uint32_t>::try_alloc_async(f.pool, 1024, f.stream, error);
+  REQUIRE(refused.is_empty());
+  REQUIRE(error == streampool::Errc::capture_pool_sealed);
+  cudaStreamCaptureStatus status{};
+  REQUIRE(cudaStreamIsCapturing(f.stream, &status) == cudaSuccess);
+  REQUIRE(status == cudaStreamCaptureStatusActive);
+  REQUIRE_NOTHROW(streampool::end_capture_with_pool(f.stream, pool));
+}
+
+TEST_CASE("a buffer dropped during a real capture is reused within the same capture",
+          "[capture][gpu]") {
+  Fixture f;
+  auto pool = std::make_shared<CapturePool>(f.pool);
+  pool->reserve(2 * words * sizeof(std::uint32_t));
+  streampool::begin_capture_with_pool(pool, f.stream);
+  std::uint32_t* first = nullptr;
+  {
+    auto a = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
+    REQUIRE(gpu_test::launch_delayed_fill(f.stream, a.data(), words, 1u, 0) == cudaSuccess);
+    first = a.data();
+  }
+  auto b = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
+  REQUIRE(b.data() == first);
+  REQUIRE(gpu_test::launch_delayed_fill(f.stream, b.data(), words, 2u, 0) == cudaSuccess);
+  std::uint32_t* data = b.data();
+  pool->record_buffer(std::move(b));
+  CapturedGraph graph = streampool::end_capture_with_pool(f.stream, pool);
+  for (int i = 0; i < 3; ++i) f.replay_and_check([&] { graph.launch(f.stream); }, data, 2u);
+  REQUIRE(f.found() == 0);
+}
