@@ -944,6 +944,12 @@ cudaError_t FakeDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
   if (cudaError_t e = s.enter(Call::stream_id); e != cudaSuccess) return e;
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
+  // Refused on a capturing stream, in every mode, and the capture is invalidated (seen on the
+  // H200); other streams' ids may be asked at any time.
+  if (target->capture && !target->capture->invalidated) {
+    target->capture->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
   *id = target->id;
   return cudaSuccess;
 }

@@ -28,10 +28,15 @@ const CaptureMode all_modes[] = {CaptureMode::global, CaptureMode::thread_local_
                                  CaptureMode::relaxed};
 }  // namespace
 
-TEST_CASE("an allocation during capture comes from the pool's private memory") {
+TEST_CASE("an allocation during capture comes from the pool's private memory, under every "
+          "stream check") {
+  using streampool::StreamChecks;
+  for (StreamChecks checks : {StreamChecks::none, StreamChecks::identity, StreamChecks::full})
   for (CaptureMode mode : all_modes) {
-    CAPTURE(static_cast<int>(mode));
-    PoolOnFake pool;
+    CAPTURE(static_cast<int>(mode), static_cast<int>(checks));
+    auto options = test_options();
+    options.stream_checks = checks;
+    PoolOnFake pool(options);
     FakeDevice& fake = pool.fake();
     cudaStream_t s = fake.create_stream();
     auto capture = std::make_shared<CapturePool>(*pool);
@@ -140,7 +145,8 @@ TEST_CASE("a sealed pool refuses allocations during capture, and the error reach
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }
 
-TEST_CASE("an allocation on a stream captured without a pool fails with capture_without_pool") {
+TEST_CASE("an allocation on a stream captured without a pool fails with capture_without_pool; "
+          "under full checks the capture is untouched") {
   using streampool::StreamChecks;
   for (StreamChecks checks : {StreamChecks::identity, StreamChecks::full}) {
     CAPTURE(static_cast<int>(checks));
@@ -161,10 +167,16 @@ TEST_CASE("an allocation on a stream captured without a pool fails with capture_
       REQUIRE(x.is_empty());
       REQUIRE(error == Errc::capture_without_pool);
     }
-    REQUIRE(status_of(fake, s) == CaptureStatus::active);  // the capture is untouched
     cudaGraph_t graph = nullptr;
-    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
-    fake.graph_destroy(graph);
+    if (checks == StreamChecks::full) {
+      REQUIRE(status_of(fake, s) == CaptureStatus::active);  // the capture is untouched
+      REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+      fake.graph_destroy(graph);
+    } else {
+      // As documented: asking a capturing stream's id invalidates the capture (CUDA does so).
+      REQUIRE(status_of(fake, s) == CaptureStatus::invalidated);
+      REQUIRE(fake.end_capture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    }
     REQUIRE(pool->stats().live_allocations.current == before.live_allocations.current);
     REQUIRE(pool->stats().reserved_bytes.current == before.reserved_bytes.current);
   }

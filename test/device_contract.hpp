@@ -270,6 +270,21 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("asking a capturing stream's id in " << contract::mode_name(mode)
+                                                          << " mode fails and invalidates it") {
+      cudaStream_t other = h.create_stream();
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      StreamId id = 0;
+      REQUIRE(device.stream_id(other, &id) == cudaSuccess);  // another stream's: fine
+      REQUIRE(status_of(device, stream) == CaptureStatus::active);
+      REQUIRE(device.stream_id(stream, &id) == cudaErrorStreamCaptureUnsupported);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      h.destroy_stream(other);
+    }
+  }
+
   SECTION("the legacy default stream cannot be captured") {
     REQUIRE(device.begin_capture(cudaStreamLegacy, CaptureMode::global) ==
             cudaErrorStreamCaptureUnsupported);

@@ -375,13 +375,13 @@ TEST_CASE("calls CUDA allows during a global capture succeed and leave the captu
     REQUIRE(capture_status(device, stream) == CaptureStatus::active);
     end_and_discard(device, stream, cudaSuccess);
   }
-  SECTION("mem_get_info, stream_id, event_create and event_record on another stream") {
+  SECTION("mem_get_info, event_create, and stream_id and event_record on another stream") {
     std::size_t free_bytes = 0;
     std::size_t total_bytes = 0;
     StreamId id = 0;
     cudaEvent_t event = nullptr;
     REQUIRE(device.mem_get_info(&free_bytes, &total_bytes) == cudaSuccess);
-    REQUIRE(device.stream_id(stream, &id) == cudaSuccess);
+    REQUIRE(device.stream_id(other, &id) == cudaSuccess);
     REQUIRE(device.event_create(&event) == cudaSuccess);
     REQUIRE(device.event_record(event, other) == cudaSuccess);
     REQUIRE(capture_status(device, stream) == CaptureStatus::active);

@@ -86,7 +86,9 @@ class Device {
   // cudaDeviceSynchronize: blocks until all work of the device completes. Refused while any
   // capture is under way.
   virtual cudaError_t device_synchronize() noexcept = 0;
-  // cudaStreamGetId. Allowed during capture. Requires a live stream: a destroyed stream's handle
+  // cudaStreamGetId. Refused on a capturing stream (cudaErrorStreamCaptureUnsupported, and the
+  // capture is invalidated, in every mode: seen on the H200); allowed on other streams during
+  // capture. Requires a live stream: a destroyed stream's handle
   // names whatever stream CUDA gave it to next, or nothing (asking about it crashed the process
   // on the H200).
   virtual cudaError_t stream_id(cudaStream_t stream, StreamId* id) noexcept = 0;

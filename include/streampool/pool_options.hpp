@@ -19,10 +19,13 @@ enum class StreamChecks {
   // has seen), and capture only through begin_capture_with_pool. The fastest setting.
   none,
   // One cudaStreamGetId per allocation: safe when CUDA hands a destroyed stream's handle to a new
-  // stream. A capture begun without a pool is caught only when the allocation misses the cache.
+  // stream. CUDA refuses the id of a capturing stream and invalidates the capture: an allocation
+  // on a stream captured without a pool fails with Errc::capture_without_pool, but the capture is
+  // lost. (While a capture with a pool is under way anywhere, the capture status is asked first.)
   identity,
-  // cudaStreamGetId and the capture status per allocation: also catches, on every allocation, a
-  // capture begun without a pool (Errc::capture_without_pool). The default.
+  // The capture status, then (when not capturing) cudaStreamGetId, per allocation: also catches,
+  // on every allocation and without harming it, a capture begun without a pool
+  // (Errc::capture_without_pool). The default.
   full,
 };
 

@@ -131,6 +131,16 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
   complete_graph_releases();
   detail::CaptureBinding& binding = pool->binding();
   detail::PoolCore& core = binding.core();
+  Device& device = core.device();
+  // Refuse a stream already capturing before asking its id: CUDA would refuse that and
+  // invalidate the capture under way.
+  CaptureStatus current = CaptureStatus::none;
+  throw_on_cuda_error(device.capture_info(stream, &current, nullptr),
+                      "begin_capture_with_pool: cudaStreamGetCaptureInfo");
+  if (current != CaptureStatus::none) {
+    throw Error(Errc::capture_mismatch,
+                "begin_capture_with_pool: the stream is already captured (with or without a pool)");
+  }
   std::error_code error;
   detail::StreamState* s = core.resolve(stream, error);
   if (s == nullptr) throw Error(static_cast<Errc>(error.value()), "begin_capture_with_pool");
@@ -142,7 +152,6 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured with a pool");
   }
-  Device& device = core.device();
   cudaError_t status = device.begin_capture(stream, mode);
   CaptureStatus state = CaptureStatus::none;
   CaptureId id = 0;

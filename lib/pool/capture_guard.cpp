@@ -7,6 +7,7 @@
 namespace streampool::detail {
 namespace {
 
+std::atomic<int> pooled_captures{0};
 std::atomic<int> global_captures{0};
 std::atomic<int> thread_local_captures{0};
 
@@ -23,7 +24,12 @@ PerThread& per_thread() {
 
 }  // namespace
 
+bool pooled_captures_active() noexcept {
+  return pooled_captures.load(std::memory_order_acquire) != 0;
+}
+
 void note_capture_begin(CaptureMode mode, std::thread::id thread) {
+  pooled_captures.fetch_add(1, std::memory_order_acq_rel);
   if (mode == CaptureMode::global) {
     global_captures.fetch_add(1);
   } else if (mode == CaptureMode::thread_local_) {
@@ -34,6 +40,7 @@ void note_capture_begin(CaptureMode mode, std::thread::id thread) {
 }
 
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
+  pooled_captures.fetch_sub(1, std::memory_order_acq_rel);
   if (mode == CaptureMode::global) {
     global_captures.fetch_sub(1);
   } else if (mode == CaptureMode::thread_local_) {

@@ -9,6 +9,11 @@
 
 namespace streampool::detail {
 
+// Captures begun with begin_capture_with_pool under way in the program. While there is one, every
+// allocation asks a stream's capture status before its id: CUDA refuses cudaStreamGetId on a
+// capturing stream and invalidates the capture (seen on the H200).
+bool pooled_captures_active() noexcept;
+
 void note_capture_begin(CaptureMode mode, std::thread::id thread);
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 // Calls CUDA refuses during a restricting capture (malloc, event queries, synchronizes) may be

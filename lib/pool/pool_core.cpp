@@ -135,6 +135,13 @@ StreamState* PoolCore::resolve_slow(cudaStream_t stream, std::uint64_t key,
   return state;
 }
 
+StreamState* PoolCore::known_stream(cudaStream_t stream) noexcept {
+  if (!explicit_stream(stream)) return nullptr;
+  std::lock_guard<std::mutex> registry(registry_mutex_);
+  const auto found = by_handle_.find(stream);
+  return found != by_handle_.end() ? found->second : nullptr;
+}
+
 StreamState* PoolCore::register_stream(cudaStream_t stream, StreamId id) {
   StreamState* s;
   if (!recycled_.empty()) {
@@ -177,12 +184,19 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
     error = make_error_code(Errc::invalid_value);
     return nullptr;
   }
+  // The capture status first: under full checks always, otherwise while some capture with a pool
+  // is under way (CUDA refuses a capturing stream's id, and invalidates the capture).
   if (Block* b = nullptr;
-      options_.stream_checks == StreamChecks::full && decided_by_capture(bytes, stream, b, error)) {
+      (options_.stream_checks == StreamChecks::full || pooled_captures_active()) &&
+      decided_by_capture(bytes, stream, b, error)) {
     return b;
   }
   StreamState* s = resolve(stream, error);
-  if (s == nullptr) return nullptr;
+  if (s == nullptr) {
+    // Refused: the stream is being captured without a pool (and CUDA has invalidated it).
+    if (error == Errc::capture_invalidated) error = make_error_code(Errc::capture_without_pool);
+    return nullptr;
+  }
 
   if (!classes_.is_large(bytes)) {
     const std::uint32_t size_class = classes_.class_of(bytes);
@@ -275,8 +289,14 @@ Block* PoolCore::allocate_captured(std::size_t bytes, cudaStream_t stream, Captu
     error = make_error_code(Errc::capture_without_pool);
     return nullptr;
   }
-  StreamState* s = resolve(stream, error);
-  if (s == nullptr) return nullptr;
+  // The stream's state without asking its id (refused during capture): the capture's own stream,
+  // or a stream joined to it that the pool has seen before.
+  const CaptureBinding::Capture bound = binding->capture();
+  StreamState* s = bound.stream == stream ? bound.origin : known_stream(stream);
+  if (s == nullptr) {
+    error = make_error_code(Errc::capture_mismatch);
+    return nullptr;
+  }
   Block* b = binding->allocate(*s, bytes, error);
   if (b == nullptr) return nullptr;
   s->lock.lock();

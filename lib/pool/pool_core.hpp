@@ -167,6 +167,8 @@ class PoolCore {
   // pool_core.cpp
   StreamState* resolve_slow(cudaStream_t stream, std::uint64_t key, std::error_code& error) noexcept;
   StreamState* register_stream(cudaStream_t stream, StreamId id);
+  // The state of an explicit stream the pool has seen, by handle, without a device call.
+  StreamState* known_stream(cudaStream_t stream) noexcept;
   Block* allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t stream,
                        std::error_code& error) noexcept;
   void release_slow(Block* block) noexcept;

@@ -3,6 +3,8 @@
 // answer, once seen, becomes an assertion of the device contract.
 #include "kernels.hpp"
 
+#include <cuda.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -132,5 +134,56 @@ TEST_CASE("probe what CUDA refuses and allows around capture", "[.probe]") {
   REQUIRE(cudaEventDestroy(outside) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
+  SUCCEED("printed");
+}
+
+TEST_CASE("probe stream ids and capture queries during capture", "[.probe]") {
+  using GetId = CUresult (*)(CUstream, unsigned long long*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuStreamGetId", &fn, 12000, cudaEnableDefault,
+                                           &found) == cudaSuccess);
+  const auto cu_get_id = reinterpret_cast<GetId>(fn);
+  cudaStream_t s = nullptr;
+  cudaStream_t other = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  const struct {
+    cudaStreamCaptureMode mode;
+    const char* name;
+  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
+               {cudaStreamCaptureModeThreadLocal, "thread-local"},
+               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  char what[160];
+  unsigned long long id = 0;
+  for (const auto& m : modes) {
+    const auto each = [&](const char* call, auto&& fn_call) {
+      cudaStreamBeginCapture(s, m.mode);
+      std::snprintf(what, sizeof what, "[%s] %s", m.name, call);
+      report(what, fn_call(), s);
+      report("  end capture", end(s));
+    };
+    each("cuStreamGetId(capturing)", [&] {
+      return static_cast<cudaError_t>(cu_get_id(reinterpret_cast<CUstream>(s), &id));
+    });
+    each("cudaStreamGetId(capturing)", [&] { return cudaStreamGetId(s, &id); });
+    each("cuStreamGetId(other stream)", [&] {
+      return static_cast<cudaError_t>(cu_get_id(reinterpret_cast<CUstream>(other), &id));
+    });
+    each("cudaStreamGetId(other stream)", [&] { return cudaStreamGetId(other, &id); });
+    each("cudaStreamGetId(other stream, other thread)", [&] {
+      cudaError_t r = cudaErrorUnknown;
+      std::thread([&] { r = cudaStreamGetId(other, &id); }).join();
+      return r;
+    });
+    each("cudaStreamGetId(per-thread default stream)",
+         [&] { return cudaStreamGetId(cudaStreamPerThread, &id); });
+    each("cudaGetDevice", [&] {
+      int device = -1;
+      return cudaGetDevice(&device);
+    });
+  }
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(other);
   SUCCEED("printed");
 }
