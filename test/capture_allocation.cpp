@@ -1,5 +1,6 @@
 // Allocation during capture: served from the CapturePool's private memory, pinned to it, never by
 // a call CUDA refuses in the capture's mode.
+#include "fake_helpers.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
@@ -9,6 +10,7 @@
 using streampool::CaptureMode;
 using streampool::CapturePool;
 using streampool::CaptureStatus;
+using fake_test::capture_status;
 using streampool::Errc;
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
@@ -16,13 +18,6 @@ using Bytes = PooledBuffer<std::byte>;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-CaptureStatus status_of(FakeDevice& fake, cudaStream_t s) {
-  CaptureStatus status = CaptureStatus::none;
-  streampool::CaptureId id = 0;
-  REQUIRE(fake.capture_info(s, &status, &id) == cudaSuccess);
-  return status;
-}
 
 const CaptureMode all_modes[] = {CaptureMode::global, CaptureMode::thread_local_,
                                  CaptureMode::relaxed};
@@ -49,7 +44,7 @@ TEST_CASE("an allocation during capture comes from the pool's private memory, un
     REQUIRE(capture->free_bytes() == free_before - 1024);
     fake.launch(s, {{x.data(), x.byte_size(), true}});
     auto graph = streampool::end_capture_with_pool(s, capture);
-    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::none);
     REQUIRE(fake.calls(FakeDevice::Call::malloc) == mallocs_before);  // private memory only
 
     SECTION("the block stays pinned after the capture: a drop returns it to the pool") {
@@ -105,7 +100,7 @@ TEST_CASE("past the reservation, an allocation during capture fails and the capt
     REQUIRE(refused.is_empty());
     REQUIRE(error == Errc::capture_pool_exhausted);
     REQUIRE_THROWS_AS(Bytes::alloc_async(*pool, MiB, s), streampool::Error);
-    REQUIRE(status_of(fake, s) == CaptureStatus::active);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::active);
     REQUIRE(fake.calls(FakeDevice::Call::malloc) == 1);  // the reservation, before the capture
     REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
   }
@@ -119,7 +114,7 @@ TEST_CASE("in relaxed mode the pool grows during capture") {
   streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
   auto x = Bytes::alloc_async(*pool, 3 * MiB, s);
   REQUIRE(capture->reserved_bytes() >= 3 * MiB);
-  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE(capture_status(fake, s) == CaptureStatus::active);
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }
 
@@ -141,7 +136,7 @@ TEST_CASE("a sealed pool refuses allocations during capture, and the error reach
   capture->unseal();
   REQUIRE_FALSE(capture->is_capture_pool_sealed());
   auto x = Bytes::alloc_async(*pool, 100, s);
-  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE(capture_status(fake, s) == CaptureStatus::active);
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }
 
@@ -169,12 +164,12 @@ TEST_CASE("an allocation on a stream captured without a pool fails with capture_
     }
     cudaGraph_t graph = nullptr;
     if (checks == StreamChecks::full) {
-      REQUIRE(status_of(fake, s) == CaptureStatus::active);  // the capture is untouched
+      REQUIRE(capture_status(fake, s) == CaptureStatus::active);  // the capture is untouched
       REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
       fake.graph_destroy(graph);
     } else {
       // As documented: asking a capturing stream's id invalidates the capture (CUDA does so).
-      REQUIRE(status_of(fake, s) == CaptureStatus::invalidated);
+      REQUIRE(capture_status(fake, s) == CaptureStatus::invalidated);
       REQUIRE(fake.end_capture(s, &graph) == cudaErrorStreamCaptureInvalidated);
     }
     REQUIRE(pool->stats().live_allocations.current == before.live_allocations.current);
@@ -210,7 +205,7 @@ TEST_CASE("no call CUDA refuses is made during capture, in any mode, even from o
         if (error) REQUIRE(error == Errc::capture_forbids_call);
       }
     }).join();
-    REQUIRE(status_of(fake, s) == CaptureStatus::active);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::active);
     auto graph = streampool::end_capture_with_pool(s, capture);
     REQUIRE(graph.valid());
     graph.launch(s);
@@ -257,7 +252,7 @@ TEST_CASE("a capture that fails or is abandoned leaks nothing and leaves the str
     } catch (const streampool::Error& e) {
       REQUIRE(e.errc() == Errc::capture_invalidated);
     }
-    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::none);
     x.reset();
     capture.reset();
   }
@@ -269,7 +264,7 @@ TEST_CASE("a capture that fails or is abandoned leaks nothing and leaves the str
       auto x = Bytes::alloc_async(*pool, 1000, s);
     }
     capture.reset();
-    REQUIRE(status_of(fake, s) == CaptureStatus::none);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::none);
   }
   REQUIRE(pool->stats().live_allocations.current == baseline);
   // The stream is usable again, outside capture.
@@ -292,6 +287,6 @@ TEST_CASE("begin and end refuse a mismatched stream or pool") {
                       Catch::Contains("already captured"));
   REQUIRE_THROWS_AS(streampool::end_capture_with_pool(t, capture), streampool::Error);
   REQUIRE_THROWS_AS(streampool::end_capture_with_pool(s, other), streampool::Error);
-  REQUIRE(status_of(fake, s) == CaptureStatus::active);
+  REQUIRE(capture_status(fake, s) == CaptureStatus::active);
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }

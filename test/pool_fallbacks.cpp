@@ -8,9 +8,7 @@ using Bytes = PooledBuffer<std::byte>;
 
 namespace {
 streampool::PoolOptions fenced_one_block_slabs() {
-  auto options = test_options();
-  options.slab_bytes = 4096;
-  options.large_rounding = 4096;
+  auto options = one_block_slabs();
   options.fence_every_free = true;
   return options;
 }

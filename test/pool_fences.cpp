@@ -9,15 +9,6 @@ using streampool::PooledBuffer;
 
 namespace {
 
-// One block per slab and no rounding slack, so that a stream that misses its own list cannot be
-// served by a fresh slab's spare blocks and must take another stream's: what these tests watch.
-streampool::PoolOptions one_block_slabs() {
-  auto options = test_options();
-  options.slab_bytes = 4096;
-  options.large_rounding = 4096;
-  return options;
-}
-
 constexpr std::size_t block_bytes = 4096;
 using Bytes = PooledBuffer<std::byte>;
 

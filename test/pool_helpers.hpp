@@ -17,6 +17,15 @@ inline streampool::PoolOptions test_options() {
   return options;
 }
 
+// One block per slab and no rounding slack: a stream that misses its own list cannot be served by
+// a fresh slab's spare blocks, so which block it gets (another stream's, or a fresh one) shows.
+inline streampool::PoolOptions one_block_slabs() {
+  auto options = test_options();
+  options.slab_bytes = 4096;
+  options.large_rounding = 4096;
+  return options;
+}
+
 struct PoolOnFake {
   std::shared_ptr<streampool::FakeDevice> device;
   std::unique_ptr<streampool::MemoryPool> pool;

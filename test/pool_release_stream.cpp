@@ -13,15 +13,6 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-// One block per slab (as in pool_fences.cpp): a stream that misses its own list gets another
-// stream's block, or a fresh one, and which it got is visible.
-streampool::PoolOptions one_block_slabs() {
-  auto options = test_options();
-  options.slab_bytes = 4096;
-  options.large_rounding = 4096;
-  return options;
-}
-
 }  // namespace
 
 TEST_CASE("a block dropped on a stream while release_stream waits for it is not handed over "

@@ -24,15 +24,6 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 std::int64_t signed_bytes(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
 
-// One block per slab and no rounding slack (as in pool_fences.cpp), so that a stream that misses
-// its own list must take another stream's block, or grow.
-streampool::PoolOptions one_block_slabs() {
-  auto options = test_options();
-  options.slab_bytes = 4096;
-  options.large_rounding = 4096;
-  return options;
-}
-
 }  // namespace
 
 TEST_CASE("requested_bytes counts the bytes asked for: now, at the highest, and in all") {

@@ -25,15 +25,6 @@ constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 
 std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
-// One block per slab and no rounding slack (as in pool_fences.cpp): a stream that misses its own
-// list cannot be served from a fresh slab's spare blocks, so who gets which block is visible.
-streampool::PoolOptions one_block_slabs() {
-  auto options = test_options();
-  options.slab_bytes = 4096;
-  options.large_rounding = 4096;
-  return options;
-}
-
 // Orders `waiter` after the work enqueued on `first` so far, as a user would with an event.
 void order_after(FakeDevice& fake, cudaStream_t waiter, cudaStream_t first) {
   cudaEvent_t event = nullptr;
