@@ -7,12 +7,8 @@
 namespace streampool::detail {
 
 Block* PoolCore::take_private(std::size_t bytes, std::error_code& error) noexcept {
-  const std::size_t rounding = options_.large_rounding;
-  if (bytes > (std::size_t{1} << 50)) {
-    error = make_error_code(Errc::out_of_memory);
-    return nullptr;
-  }
-  const std::size_t rounded = (bytes + rounding - 1) / rounding * rounding;
+  const std::size_t rounded = arena_size(bytes, error);
+  if (rounded == 0) return nullptr;
   const auto attempt = [&]() -> Block* {
     std::lock_guard<std::mutex> arena(arena_mutex_);
     return arena_take(nullptr, rounded, error);

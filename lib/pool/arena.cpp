@@ -195,13 +195,18 @@ void PoolCore::arena_free(Block* range) noexcept {
   arena_insert_free(range);
 }
 
-Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
-  const std::size_t rounding = options_.large_rounding;
+std::size_t PoolCore::arena_size(std::size_t bytes, std::error_code& error) const noexcept {
   if (bytes > (std::size_t{1} << 50)) {  // no device has a PiB; also keeps the rounding exact
     error = make_error_code(Errc::out_of_memory);
-    return nullptr;
+    return 0;
   }
-  const std::size_t rounded = (bytes + rounding - 1) / rounding * rounding;
+  const std::size_t rounding = options_.large_rounding;
+  return (bytes + rounding - 1) / rounding * rounding;
+}
+
+Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
+  const std::size_t rounded = arena_size(bytes, error);
+  if (rounded == 0) return nullptr;
   bool grew = false;
   const auto attempt = [&]() -> Block* {
     {

@@ -5,9 +5,11 @@
 #include <unordered_map>
 
 namespace streampool::detail {
-namespace {
 
 std::atomic<int> pooled_captures{0};
+
+namespace {
+
 std::atomic<int> global_captures{0};
 std::atomic<int> thread_local_captures{0};
 
@@ -23,10 +25,6 @@ PerThread& per_thread() {
 }
 
 }  // namespace
-
-bool pooled_captures_active() noexcept {
-  return pooled_captures.load(std::memory_order_acquire) != 0;
-}
 
 void note_capture_begin(CaptureMode mode, std::thread::id thread) {
   pooled_captures.fetch_add(1, std::memory_order_acq_rel);

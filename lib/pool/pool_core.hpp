@@ -220,6 +220,9 @@ class PoolCore {
 
   // arena.cpp
   Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
+  // A request's size in the arena (rounded to large_rounding), or 0 and out_of_memory when no
+  // device could hold it.
+  std::size_t arena_size(std::size_t bytes, std::error_code& error) const noexcept;
   void release_large(Block* block) noexcept;
   // Before the arena grows for s: learns which fences of streams owning free ranges completed,
   // and asks those with unfenced free ranges for a fence.
