@@ -713,29 +713,10 @@ void FakeDevice::clear_hazards() {
 
 const char* FakeDevice::call_name(Call call) noexcept {
   switch (call) {
-    case Call::malloc: return "malloc";
-    case Call::free: return "free";
-    case Call::mem_get_info: return "mem_get_info";
-    case Call::event_create: return "event_create";
-    case Call::event_destroy: return "event_destroy";
-    case Call::event_record: return "event_record";
-    case Call::event_query: return "event_query";
-    case Call::event_synchronize: return "event_synchronize";
-    case Call::stream_wait_event: return "stream_wait_event";
-    case Call::stream_synchronize: return "stream_synchronize";
-    case Call::device_synchronize: return "device_synchronize";
-    case Call::stream_id: return "stream_id";
-    case Call::capture_info: return "capture_info";
-    case Call::begin_capture: return "begin_capture";
-    case Call::end_capture: return "end_capture";
-    case Call::graph_instantiate: return "graph_instantiate";
-    case Call::graph_launch: return "graph_launch";
-    case Call::graph_upload: return "graph_upload";
-    case Call::graph_exec_destroy: return "graph_exec_destroy";
-    case Call::graph_destroy: return "graph_destroy";
-    case Call::user_object_create: return "user_object_create";
-    case Call::graph_retain_user_object: return "graph_retain_user_object";
-    case Call::user_object_release: return "user_object_release";
+#define STREAMPOOL_DEVICE_CALL(name, params, args) \
+  case Call::name:                                  \
+    return #name;
+#include <streampool/device_calls.def>
   }
   return "unknown";
 }
@@ -903,7 +884,7 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
 
 cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
   State& s = *state_;
-  std::pair<StreamId, std::uint64_t> last;
+  Clock covers;
   {
     std::lock_guard lock(s.mutex);
     if (cudaError_t e = s.enter(Call::stream_synchronize); e != cudaSuccess) return e;
@@ -914,14 +895,17 @@ cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
       return cudaErrorStreamCaptureUnsupported;
     }
     if (cudaError_t e = s.refuse_if_restricted(); e != cudaSuccess) return e;
-    last = {target->id, target->enqueued};
+    // The stream's own work and what it was made to wait for, even with no work after the wait:
+    // CUDA enqueues the wait itself.
+    covers = s.snapshot(*target);
   }
-  s.complete_through(last.first, last.second);
+  s.complete_clock(covers);
   return cudaSuccess;
 }
 
 cudaError_t FakeDevice::device_synchronize() noexcept {
   State& s = *state_;
+  Clock before;
   {
     std::lock_guard lock(s.mutex);
     if (cudaError_t e = s.enter(Call::device_synchronize); e != cudaSuccess) return e;
@@ -933,8 +917,13 @@ cudaError_t FakeDevice::device_synchronize() noexcept {
       }
     }
     if (refused) return cudaErrorStreamCaptureUnsupported;
+    // Only the work enqueued before the call: what other threads (or the bodies run below)
+    // enqueue meanwhile is not waited for, as on a GPU.
+    for (const auto& [id, stream] : s.streams) {
+      if (stream.completed < stream.enqueued) before[id] = stream.enqueued;
+    }
   }
-  s.complete_everything();
+  s.complete_clock(before);
   return cudaSuccess;
 }
 

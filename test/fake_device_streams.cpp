@@ -261,7 +261,33 @@ TEST_CASE("synchronizing calls complete exactly the work they wait for", "[fake]
     REQUIRE(log.size() == 3);
     REQUIRE(device.pending_work() == 0);
   }
+  SECTION("stream_synchronize completes what the stream waits for, with no work after the wait") {
+    cudaStream_t waiter = device.create_stream();
+    REQUIRE(device.stream_wait_event(waiter, event) == cudaSuccess);
+    REQUIRE(device.stream_synchronize(waiter) == cudaSuccess);  // CUDA enqueues the wait itself
+    REQUIRE(log == std::vector<int>{1});
+    REQUIRE(device.event_query(event) == cudaSuccess);
+  }
   REQUIRE(device.event_destroy(event) == cudaSuccess);
+}
+
+TEST_CASE("device_synchronize waits for the work enqueued before it, not for work enqueued while "
+          "it waits",
+          "[fake][streams]") {
+  FakeDevice device;
+  cudaStream_t a = device.create_stream();
+  cudaStream_t b = device.create_stream();
+  std::vector<int> log;
+  // A body stands for another thread that enqueues work while the synchronize is under way.
+  device.launch(a, {}, [&] {
+    log.push_back(1);
+    device.launch(b, {}, note(log, 2));
+  });
+  REQUIRE(device.device_synchronize() == cudaSuccess);
+  REQUIRE(log == std::vector<int>{1});
+  REQUIRE(device.pending_work() == 1);
+  device.complete_all();
+  REQUIRE(log == std::vector<int>{1, 2});
 }
 
 TEST_CASE("with auto-complete, work completes as it is launched", "[fake][streams]") {

@@ -15,32 +15,8 @@ class CudaDevice final : public Device {
   static int count() noexcept;
 
   int ordinal() const noexcept override { return ordinal_; }
-  cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override;
-  cudaError_t free(void* ptr) noexcept override;
-  cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept override;
-  cudaError_t event_create(cudaEvent_t* event) noexcept override;
-  cudaError_t event_destroy(cudaEvent_t event) noexcept override;
-  cudaError_t event_record(cudaEvent_t event, cudaStream_t stream) noexcept override;
-  cudaError_t event_query(cudaEvent_t event) noexcept override;
-  cudaError_t event_synchronize(cudaEvent_t event) noexcept override;
-  cudaError_t stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept override;
-  cudaError_t stream_synchronize(cudaStream_t stream) noexcept override;
-  cudaError_t device_synchronize() noexcept override;
-  cudaError_t stream_id(cudaStream_t stream, StreamId* id) noexcept override;
-  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
-                           CaptureId* id) noexcept override;
-  cudaError_t begin_capture(cudaStream_t stream, CaptureMode mode) noexcept override;
-  cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) noexcept override;
-  cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) noexcept override;
-  cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
-  cudaError_t graph_upload(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
-  cudaError_t graph_exec_destroy(cudaGraphExec_t exec) noexcept override;
-  cudaError_t graph_destroy(cudaGraph_t graph) noexcept override;
-  cudaError_t user_object_create(cudaUserObject_t* object, void* ptr,
-                                 cudaHostFn_t destroy) noexcept override;
-  cudaError_t graph_retain_user_object(cudaGraph_t graph,
-                                       cudaUserObject_t object) noexcept override;
-  cudaError_t user_object_release(cudaUserObject_t object) noexcept override;
+#define STREAMPOOL_DEVICE_CALL(name, params, args) cudaError_t name params noexcept override;
+#include <streampool/device_calls.def>
 
  private:
   int ordinal_;

@@ -59,31 +59,13 @@ class FakeDevice final : public Device {
 
   // One kind per seam call.
   enum class Call {
-    malloc,
-    free,
-    mem_get_info,
-    event_create,
-    event_destroy,
-    event_record,
-    event_query,
-    event_synchronize,
-    stream_wait_event,
-    stream_synchronize,
-    device_synchronize,
-    stream_id,
-    capture_info,
-    begin_capture,
-    end_capture,
-    graph_instantiate,
-    graph_launch,
-    graph_upload,
-    graph_exec_destroy,
-    graph_destroy,
-    user_object_create,
-    graph_retain_user_object,
-    user_object_release,
+#define STREAMPOOL_DEVICE_CALL(name, params, args) name,
+#include <streampool/device_calls.def>
   };
-  static constexpr int call_kinds = static_cast<int>(Call::user_object_release) + 1;
+  static constexpr int call_kinds = 0
+#define STREAMPOOL_DEVICE_CALL(name, params, args) +1
+#include <streampool/device_calls.def>
+      ;
 
   // A range of device memory that a unit of work reads or writes.
   struct Access {
@@ -158,32 +140,8 @@ class FakeDevice final : public Device {
   // --- the seam ---------------------------------------------------------------------------
 
   int ordinal() const noexcept override;
-  cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override;
-  cudaError_t free(void* ptr) noexcept override;
-  cudaError_t mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept override;
-  cudaError_t event_create(cudaEvent_t* event) noexcept override;
-  cudaError_t event_destroy(cudaEvent_t event) noexcept override;
-  cudaError_t event_record(cudaEvent_t event, cudaStream_t stream) noexcept override;
-  cudaError_t event_query(cudaEvent_t event) noexcept override;
-  cudaError_t event_synchronize(cudaEvent_t event) noexcept override;
-  cudaError_t stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept override;
-  cudaError_t stream_synchronize(cudaStream_t stream) noexcept override;
-  cudaError_t device_synchronize() noexcept override;
-  cudaError_t stream_id(cudaStream_t stream, StreamId* id) noexcept override;
-  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
-                           CaptureId* id) noexcept override;
-  cudaError_t begin_capture(cudaStream_t stream, CaptureMode mode) noexcept override;
-  cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) noexcept override;
-  cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) noexcept override;
-  cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
-  cudaError_t graph_upload(cudaGraphExec_t exec, cudaStream_t stream) noexcept override;
-  cudaError_t graph_exec_destroy(cudaGraphExec_t exec) noexcept override;
-  cudaError_t graph_destroy(cudaGraph_t graph) noexcept override;
-  cudaError_t user_object_create(cudaUserObject_t* object, void* ptr,
-                                 cudaHostFn_t destroy) noexcept override;
-  cudaError_t graph_retain_user_object(cudaGraph_t graph,
-                                       cudaUserObject_t object) noexcept override;
-  cudaError_t user_object_release(cudaUserObject_t object) noexcept override;
+#define STREAMPOOL_DEVICE_CALL(name, params, args) cudaError_t name params noexcept override;
+#include <streampool/device_calls.def>
 
  private:
   struct State;
