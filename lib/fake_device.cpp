@@ -696,6 +696,11 @@ std::uint64_t FakeDevice::graph_launches(cudaGraphExec_t exec) const {
   return it == state_->execs.end() ? 0 : it->second.launches;
 }
 
+std::size_t FakeDevice::live_events() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->events.size();
+}
+
 std::size_t FakeDevice::live_user_objects() const {
   std::lock_guard lock(state_->mutex);
   return state_->user_objects.size();

@@ -335,11 +335,14 @@ TEST_CASE("bodies run without the fake's lock, so they may call the fake", "[fak
 
 // --- events -----------------------------------------------------------------------------------
 
-TEST_CASE("event_create returns distinct handles", "[fake][events]") {
+TEST_CASE("event_create returns distinct handles, counted as live until destroyed",
+          "[fake][events]") {
   FakeDevice device;
   std::set<cudaEvent_t> events;
   for (int i = 0; i < 8; ++i) REQUIRE(events.insert(must_create_event(device)).second);
+  REQUIRE(device.live_events() == 8);
   for (cudaEvent_t event : events) REQUIRE(device.event_destroy(event) == cudaSuccess);
+  REQUIRE(device.live_events() == 0);
 }
 
 TEST_CASE("an event is complete once the work enqueued before its last record has completed",

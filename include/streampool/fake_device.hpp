@@ -131,6 +131,8 @@ class FakeDevice final : public Device {
   std::uint64_t graph_launches(cudaGraphExec_t exec) const;
   // User objects whose destructor has not run yet.
   std::size_t live_user_objects() const;
+  // Events created and not yet destroyed.
+  std::size_t live_events() const;
 
   std::vector<Hazard> hazards() const;
   void clear_hazards();
