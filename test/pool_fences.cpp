@@ -4,6 +4,9 @@
 // block handed to B while A's work on it could still run is reported as a race.
 #include "pool_helpers.hpp"
 
+#include <chrono>
+#include <thread>
+
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 
@@ -149,8 +152,12 @@ TEST_CASE("fence_every_free records one fence per drop, and B needs no call on A
   fake.complete_all();
 }
 
-TEST_CASE("the default records no fence at all while each stream keeps to its own blocks") {
-  PoolOnFake pool;
+TEST_CASE("no fence is recorded while each stream keeps to its own blocks, within the bounds") {
+  // The unfenced bytes stay far below the bound (each stream reuses what it dropped); the time
+  // bound is off, so that how long the test takes does not matter.
+  auto options = test_options();
+  options.unfenced_us = 0;
+  PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
   cudaStream_t b = fake.create_stream();
@@ -216,5 +223,72 @@ TEST_CASE("the race detector would catch a block used on another stream without 
   write_on(fake, a, x);
   write_on(fake, b, x);
   REQUIRE(fake.hazards().size() == 1);
+  fake.complete_all();
+}
+
+TEST_CASE("a stream's dropped but unfenced bytes are bounded: the drop that reaches the bound "
+          "records a fence") {
+  auto options = test_options();
+  options.unfenced_bytes = 64 * 1024;
+  options.unfenced_us = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  Bytes::alloc_async(*pool, block_bytes, b).reset();  // a second stream: the bound applies
+
+  std::vector<Bytes> held;
+  for (int i = 0; i < 15; ++i) held.push_back(Bytes::alloc_async(*pool, block_bytes, a));
+  std::vector<Bytes> more;
+  for (int i = 0; i < 2; ++i) more.push_back(Bytes::alloc_async(*pool, block_bytes, a));
+  held.clear();  // 15 x 4 KiB unfenced: below 64 KiB
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 0);
+  more.pop_back();  // the 16th reaches it
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 1);
+  more.clear();  // counted afresh after the fence
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 1);
+
+  SECTION("blocks reused on their stream are no longer unfenced") {
+    for (int i = 0; i < 100; ++i) Bytes::alloc_async(*pool, block_bytes, a).reset();
+    REQUIRE(fake.calls(FakeDevice::Call::event_record) == 1);
+  }
+  SECTION("a large drop of the bound or more is fenced at once") {
+    Bytes::alloc_async(*pool, std::size_t{1} << 20, a).reset();
+    REQUIRE(fake.calls(FakeDevice::Call::event_record) == 2);
+  }
+  fake.complete_all();
+}
+
+TEST_CASE("a program on one stream records no fence, whatever it drops") {
+  auto options = test_options();
+  options.unfenced_bytes = 4096;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  std::vector<Bytes> held;
+  for (int i = 0; i < 64; ++i) held.push_back(Bytes::alloc_async(*pool, 8192 + 4096 * i, a));
+  held.clear();
+  Bytes::alloc_async(*pool, std::size_t{4} << 20, a).reset();
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 0);
+}
+
+TEST_CASE("unfenced bytes older than the time bound are fenced by a later drop on the stream") {
+  auto options = test_options();
+  options.unfenced_us = 1;  // anything that waits is older
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  Bytes::alloc_async(*pool, block_bytes, b).reset();  // a second stream: the bound applies
+  auto kept = Bytes::alloc_async(*pool, block_bytes, a);
+  kept.reset();  // unfenced from now on
+  // The clock is read every 64 drops (FencePolicy::clock_every): the first reading starts the
+  // bound, a later one past it records the fence.
+  std::vector<Bytes> cycle;
+  for (int i = 0; i < 64 * 3; ++i) {
+    Bytes::alloc_async(*pool, 2 * block_bytes, a).reset();
+    if (i == 64) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) >= 1);
   fake.complete_all();
 }

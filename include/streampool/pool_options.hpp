@@ -6,6 +6,7 @@
 #include <streampool/size_classes.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -45,8 +46,15 @@ struct PoolOptions {
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;
+  // Bounded unfenced memory: once the pool has seen a second stream (or a stream retire), a drop
+  // records a fence on its stream when the bytes dropped there since its last fence reach
+  // unfenced_bytes, or when the oldest of them was dropped more than unfenced_us microseconds ago
+  // (0: no such bound). A stream destroyed without release_stream strands at most about that much
+  // until a device synchronize. Other streams also ask for a fence when they want a stream's blocks.
+  std::size_t unfenced_bytes = std::size_t{2} << 20;
+  std::uint32_t unfenced_us = 10000;
   // One fence per drop, recorded at the drop: the simplest safe design, and the reference the
-  // default (fences recorded only when another stream wants the blocks) is measured against.
+  // default is measured against.
   bool fence_every_free = false;
   // A stream that wants a block whose fence is recorded but not complete may wait on the fence
   // (cudaStreamWaitEvent) and take the block at once, instead of leaving it and growing.
@@ -59,8 +67,9 @@ struct PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, max_reserved, fence_every_free, cross_stream_wait,
-  // stream_checks (none|identity|full), stats_granule. Sizes take a K, M or G suffix (binary).
+  // slab, segment, large_rounding, max_reserved, unfenced, unfenced_us, fence_every_free,
+  // cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes take a K, M or G
+  // suffix (binary).
   // Throws Error(Errc::invalid_value) naming the bad key or value.
   static PoolOptions parse(std::string_view conf, const PoolOptions& base);
   static PoolOptions parse(std::string_view conf);

@@ -6,8 +6,9 @@
 //
 // Use the memory on its stream; to use it on another stream too, order that stream after the
 // allocation (an event) and call record_stream(other) so that the memory is recycled only after
-// the other stream's work as well. Drop the buffer before destroying any of those streams. The destructor never throws and never blocks the CPU on the
-// normal path (it records fences, it does not wait for them).
+// the other stream's work as well. Drop the buffer before destroying any of those streams. The
+// destructor never throws and never blocks the CPU on the normal path (it may record fences; it
+// does not wait for them).
 #pragma once
 
 #include <streampool/error.hpp>
@@ -25,11 +26,11 @@
 namespace streampool {
 
 namespace detail {
-// The pool's side of a PooledBuffer (lib/pool/pooled_buffer.cpp).
+// The pool's side of a PooledBuffer (lib/pool/memory_pool.cpp).
 Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
                       std::error_code& error) noexcept;
 void* block_address(const Block* block) noexcept;
-void release_block(Block* block) noexcept;
+void release_block(Block* block, cudaStream_t stream) noexcept;
 void record_block_stream(Block* block, cudaStream_t stream);
 [[noreturn]] void throw_allocation_error(MemoryPool& pool, std::error_code error,
                                          std::size_t bytes, cudaStream_t stream);
@@ -95,7 +96,7 @@ class PooledBuffer {
 
   // Drops the memory now (stream-ordered, as the destructor does); the buffer becomes empty.
   void reset() noexcept {
-    if (block_ != nullptr) detail::release_block(std::exchange(block_, nullptr));
+    if (block_ != nullptr) detail::release_block(std::exchange(block_, nullptr), stream_);
     data_ = nullptr;
     len_ = 0;
     stream_ = nullptr;

@@ -1,18 +1,36 @@
 #include "capture_binding.hpp"
 
-#include "../pool/capture_guard.hpp"
-
 #include <streampool/error.hpp>
+
+#include <algorithm>
 
 namespace streampool::detail {
 namespace {
-constexpr std::size_t piece_alignment = 256;   // what cudaMalloc guarantees
+constexpr std::size_t piece_alignment = 256;          // what cudaMalloc guarantees
 constexpr std::size_t growth = std::size_t{2} << 20;  // relaxed-mode growth step
 }
 
+CaptureBinding::CaptureBinding(PoolCore& core) noexcept : core_(core) { core_.keep(); }
+
 CaptureBinding::~CaptureBinding() {
-  for (Block* b : adopted_) core_.release(b);
-  for (Block* range : ranges_) core_.return_private(range);
+  // Nothing can use the memory any more but the work that used it last: every graph made with it
+  // is gone and its launches complete (CUDA releases a graph's user objects after them).
+  for (auto& [block, needs] : adopted_) {
+    core_.count_drop(block);
+    core_.settle(block, needs);
+  }
+  for (Block* range : ranges_) {
+    std::vector<Need> needs;
+    try {
+      for (const auto& [ptr, piece] : free_) {
+        if (piece.range == range) needs.insert(needs.end(), piece.needs.begin(), piece.needs.end());
+      }
+    } catch (const std::bad_alloc&) {
+      continue;  // the range is lost to reuse rather than handed out early
+    }
+    core_.return_range(range, std::move(needs));
+  }
+  core_.let_go();  // last: it may destroy the core
 }
 
 void CaptureBinding::unref() noexcept {
@@ -21,14 +39,15 @@ void CaptureBinding::unref() noexcept {
 
 void CaptureBinding::reserve(std::size_t bytes, std::error_code& error) noexcept {
   error.clear();
-  Block* range = core_.take_private(bytes, error);
+  Block* range = core_.take_range(bytes, error);
   if (range == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   try {
     ranges_.push_back(range);
-    insert_piece(range->ptr, {range->size, nullptr});
+    insert_piece(range->ptr, {range->size, range, nullptr, {}});
   } catch (const std::bad_alloc&) {
-    core_.return_private(range);
+    if (!ranges_.empty() && ranges_.back() == range) ranges_.pop_back();
+    core_.return_range(range, {});
     error = make_error_code(Errc::out_of_memory);
   }
 }
@@ -47,21 +66,32 @@ std::size_t CaptureBinding::free_bytes() const noexcept {
   return total;
 }
 
+const Block* CaptureBinding::range_of(const std::byte* ptr) const noexcept {
+  for (const Block* range : ranges_) {
+    if (ptr >= range->ptr && ptr < range->ptr + range->size) return range;
+  }
+  return nullptr;
+}
+
 void CaptureBinding::insert_piece(std::byte* ptr, Piece piece) {
+  const auto joins = [&](const Piece& other) {
+    return other.range == piece.range && other.dropped_on == piece.dropped_on;
+  };
   auto next = free_.lower_bound(ptr);
-  if (next != free_.end() && ptr + piece.size == next->first &&
-      next->second.dropped_on == piece.dropped_on) {
+  if (next != free_.end() && ptr + piece.size == next->first && joins(next->second)) {
     piece.size += next->second.size;
+    piece.needs.insert(piece.needs.end(), next->second.needs.begin(), next->second.needs.end());
     next = free_.erase(next);
   }
   if (next != free_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + prev->second.size == ptr && prev->second.dropped_on == piece.dropped_on) {
+    if (prev->first + prev->second.size == ptr && joins(prev->second)) {
       prev->second.size += piece.size;
+      prev->second.needs.insert(prev->second.needs.end(), piece.needs.begin(), piece.needs.end());
       return;
     }
   }
-  free_.emplace(ptr, piece);
+  free_.emplace(ptr, std::move(piece));
 }
 
 Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
@@ -80,32 +110,36 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
   for (int attempt = 0; attempt < 2; ++attempt) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      // Best fit among the pieces this stream may use.
+      // Best fit among the pieces this stream may use now: free for it, and no use pending
+      // (during a capture nothing can be asked of the device, so only what is known counts).
       auto best = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it) {
         const Piece& piece = it->second;
         if (piece.size < size || (piece.dropped_on != nullptr && piece.dropped_on != &s)) continue;
+        if (!std::all_of(piece.needs.begin(), piece.needs.end(), covered)) continue;
         if (best == free_.end() || piece.size < best->second.size) best = it;
       }
       if (best != free_.end()) {
         std::byte* ptr = best->first;
-        const Piece piece = best->second;
+        Piece piece = std::move(best->second);
         free_.erase(best);
         try {
-          if (piece.size > size) insert_piece(ptr + size, {piece.size - size, piece.dropped_on});
+          if (piece.size > size) {
+            insert_piece(ptr + size, {piece.size - size, piece.range, piece.dropped_on, {}});
+          }
         } catch (const std::bad_alloc&) {
           // the remainder is lost to reuse until the binding goes; nothing breaks
         }
         b->ptr = ptr;
         b->size = size;
-        b->hold = this;
+        b->keeper = this;
         ref();
         return b;
       }
     }
     // Out of private memory: grow only where CUDA allows a device allocation now.
     const bool relaxed = capture().mode == CaptureMode::relaxed;
-    if (attempt == 1 || !relaxed || !unsafe_calls_allowed_here()) break;
+    if (attempt == 1 || !relaxed || !calls_allowed(Restricted::malloc)) break;
     std::error_code grow_error;
     reserve(std::max(size, growth), grow_error);
     if (grow_error) break;
@@ -115,30 +149,75 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
   return nullptr;
 }
 
-void CaptureBinding::release(Block* b) noexcept {
+void CaptureBinding::drop_piece(Block* b, cudaStream_t stream,
+                                const std::vector<RecordedStream>& uses) noexcept {
+  const Capture now = capture();
+  // In the capture, on its stream: only the graph uses it, in stream order. Anywhere else its
+  // uses are real work: fence them (this drop names their streams).
+  const bool in_capture = now.active && stream == now.stream;
+  std::vector<Need> needs = in_capture ? std::vector<Need>{} : core_.fence_uses(uses);
+  core_.count_drop(b);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     try {
-      insert_piece(b->ptr, {b->size, capture_.active ? b->state : nullptr});
+      insert_piece(b->ptr, {b->size, range_of(b->ptr), in_capture ? now.origin : nullptr,
+                            std::move(needs)});
     } catch (const std::bad_alloc&) {
+      // the piece is lost to reuse until the binding goes; nothing breaks
     }
   }
   delete b;
   unref();
 }
 
-void CaptureBinding::adopt(Block* b) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+void CaptureBinding::adopt(Block* b, const std::vector<RecordedStream>& uses) noexcept {
+  const Capture now = capture();
+  std::vector<Need> needs;
   try {
-    adopted_.push_back(b);
+    // The first use is the captured stream's: its work before the capture is covered by the
+    // fence recorded when the capture began. The others are fenced now.
+    const std::vector<RecordedStream> others(uses.begin() + (uses.empty() ? 0 : 1), uses.end());
+    if (!others.empty()) needs = core_.fence_uses(others);
+    if (now.before.timeline != nullptr) needs.push_back(now.before);
+    std::lock_guard<std::mutex> lock(mutex_);
+    adopted_.emplace_back(b, std::move(needs));
   } catch (const std::bad_alloc&) {
     // Cannot hold it: leaking the block is the only safe choice (the graph may use it).
   }
 }
 
+void CaptureBinding::learn() noexcept {
+  std::vector<Need> pending;
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [ptr, piece] : free_) {
+      for (const Need& need : piece.needs) {
+        if (!covered(need)) pending.push_back(need);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  for (const Need& need : pending) core_.learn_covered(need);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [ptr, piece] : free_) std::erase_if(piece.needs, covered);
+}
+
 CaptureBinding::Capture CaptureBinding::capture() const noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   return capture_;
+}
+
+bool CaptureBinding::claim() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (claimed_ || capture_.active) return false;
+  claimed_ = true;
+  return true;
+}
+
+void CaptureBinding::unclaim() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  claimed_ = false;
 }
 
 void CaptureBinding::set_capture(const Capture& capture) noexcept {
@@ -149,12 +228,14 @@ void CaptureBinding::set_capture(const Capture& capture) noexcept {
 void CaptureBinding::end_capture() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   capture_ = Capture{};
+  claimed_ = false;
   // Pieces dropped in the capture become free for every stream: re-insert to coalesce them.
   std::map<std::byte*, Piece> pieces;
   pieces.swap(free_);
   for (auto& [ptr, piece] : pieces) {
     try {
-      insert_piece(ptr, {piece.size, nullptr});
+      piece.dropped_on = nullptr;
+      insert_piece(ptr, std::move(piece));
     } catch (const std::bad_alloc&) {
     }
   }

@@ -1,13 +1,17 @@
 // CaptureBinding: a CapturePool's private memory, and the capture it is bound to.
 //
-// Private memory is a set of ranges taken from the MemoryPool's arena (clean: no pending work),
-// cut into pieces as captures allocate. A piece dropped during a capture is reusable in that
-// capture only on the stream that dropped it (stream order within the graph); once the capture
-// ends, on any stream of a later capture (graphs sharing a pool replay in stream order).
+// Private memory is a set of ranges taken clean from the MemoryPool's arena, cut into pieces as
+// captures allocate. A piece never spans two ranges (two device allocations). A piece dropped
+// during a capture, on the capture's stream, is reusable in that capture only on that stream
+// (stream order within the graph); once the capture ends, in any later capture (graphs sharing a
+// pool replay in stream order). A piece dropped outside a capture may still be used by ordinary
+// work: it keeps the needs of that use, and a capture takes it only once they are covered; its
+// range goes back to the MemoryPool with them. A shared block dropped on the captured stream
+// during the capture is adopted: kept, with the needs of its uses before the capture (a fence
+// recorded on the stream just before it began), until the binding goes.
 //
-// Owners (reference count): the CapturePool, each live block cut from it, and the capture under
-// way. The last reference returns adopted blocks and private ranges to the MemoryPool; it is
-// always dropped at a safe point (never inside a CUDA user-object destructor).
+// Owners (reference count): the CapturePool, each live piece, and the capture under way. The
+// binding keeps the MemoryPool's core alive; its last reference returns what it holds to the core.
 #pragma once
 
 #include "../pool/pool_core.hpp"
@@ -22,30 +26,31 @@ namespace streampool::detail {
 
 class CaptureBinding {
  public:
-  explicit CaptureBinding(PoolCore& core) noexcept : core_(core) {}
+  explicit CaptureBinding(PoolCore& core) noexcept;
   CaptureBinding(const CaptureBinding&) = delete;
   CaptureBinding& operator=(const CaptureBinding&) = delete;
 
   void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
-  // The last reference returns everything to the MemoryPool and deletes the binding.
+  // The last reference returns everything to the core and deletes the binding.
   void unref() noexcept;
 
   PoolCore& core() const noexcept { return core_; }
 
-  // Takes at least `bytes` more private memory from the MemoryPool.
+  // Takes at least `bytes` more private memory from the core.
   void reserve(std::size_t bytes, std::error_code& error) noexcept;
   std::size_t reserved_bytes() const noexcept;
   std::size_t free_bytes() const noexcept;
 
   // An allocation during the capture, on stream `s`. The block holds a reference.
   Block* allocate(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
-  // A private block dropped (its counters already updated by the pool).
-  void release(Block* block) noexcept;
-  // A block of the shared cache dropped on a bound stream during the capture: the graph may use
-  // it, so it stays out of the cache until the binding goes.
-  void adopt(Block* block) noexcept;
+  // A private piece dropped on `stream` (the gate's take_drop), still counted live.
+  void drop_piece(Block* block, cudaStream_t stream,
+                  const std::vector<RecordedStream>& uses) noexcept;
+  // A shared block dropped on the captured stream during the capture, still counted live: kept
+  // until the binding goes.
+  void adopt(Block* block, const std::vector<RecordedStream>& uses) noexcept;
 
-  // The capture under way, if any [mutex_ for writes; `capturing` read by the pool].
+  // The capture under way, if any.
   struct Capture {
     bool active = false;
     CaptureId id = 0;
@@ -53,11 +58,18 @@ class CaptureBinding {
     cudaStream_t stream = nullptr;
     StreamState* origin = nullptr;
     std::thread::id thread;
+    Need before;  // covers the stream's work enqueued before the capture began
   };
   Capture capture() const noexcept;
+  // Claims the binding for a capture about to begin; false when another has it.
+  bool claim() noexcept;
+  void unclaim() noexcept;
   void set_capture(const Capture& capture) noexcept;
   // The capture ended: pieces dropped in it become free for any stream of a later capture.
   void end_capture() noexcept;
+  // Before a capture (nothing can be asked of the device during one): learns which pieces'
+  // pending uses have completed.
+  void learn() noexcept;
 
   std::atomic<bool> sealed{false};
 
@@ -66,17 +78,21 @@ class CaptureBinding {
 
   struct Piece {
     std::size_t size;
-    StreamState* dropped_on;  // null: free for any stream
+    const Block* range;         // the private range it lies in
+    StreamState* dropped_on;    // dropped in the capture under way: reusable only there
+    std::vector<Need> needs;    // dropped outside a capture: uses that may still be pending
   };
-  void insert_piece(std::byte* ptr, Piece piece);  // [mutex_], coalesces with equal neighbours
+  const Block* range_of(const std::byte* ptr) const noexcept;   // [mutex_]
+  void insert_piece(std::byte* ptr, Piece piece);               // [mutex_], merges neighbours
 
   PoolCore& core_;
   std::atomic<int> refs_{1};
   mutable std::mutex mutex_;
-  Capture capture_;
+  bool claimed_ = false;  // [mutex_]
+  Capture capture_;       // [mutex_]
   std::vector<Block*> ranges_;
   std::map<std::byte*, Piece> free_;
-  std::vector<Block*> adopted_;
+  std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
 };
 
 }  // namespace streampool::detail

@@ -1,7 +1,7 @@
 // CapturePool, CapturedGraph, and the capture calls.
 #include "capture_binding.hpp"
-
-#include "../pool/capture_guard.hpp"
+#include "capture_gate.hpp"
+#include "capture_guard.hpp"
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
@@ -15,8 +15,9 @@ namespace {
 
 // Releases that graphs handed over: a CUDA user object's destructor runs on a thread of CUDA's
 // and must not call CUDA, but dropping a CapturePool drops buffers (fences) and may free device
-// memory. So the destructor only queues its reference here, and complete_graph_releases() drops
-// the queued references at a safe point.
+// memory. So the destructor only queues its reference here, and the queued references are dropped
+// at a safe point. Each reference keeps its CapturePool, and so its pool's core, alive: a release
+// always runs against its own pool.
 struct Deferred {
   std::mutex mutex;
   std::vector<std::shared_ptr<CapturePool>*> queue;
@@ -38,49 +39,87 @@ void CUDART_CB release_from_graph(void* ref) {
   d.pending.store(true, std::memory_order_release);
 }
 
-// Unbinds the binding's capture from its stream and from the pool's capture map.
+// Ends the capture on `stream` whatever CUDA said the first time, discarding what it captured:
+// the stream leaves capture (a failed end leaves it capturing; a second one ends it).
+cudaError_t end_and_discard(Device& device, cudaStream_t stream) noexcept {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = device.end_capture(stream, &graph);
+  if (graph != nullptr) device.graph_destroy(graph);
+  CaptureStatus status = CaptureStatus::none;
+  if (device.capture_info(stream, &status, nullptr) == cudaSuccess && status != CaptureStatus::none) {
+    graph = nullptr;
+    device.end_capture(stream, &graph);
+    if (graph != nullptr) device.graph_destroy(graph);
+  }
+  return ended;
+}
+
+// Unbinds the binding's capture from its stream and from the gate.
 void unbind(detail::CaptureBinding& binding) noexcept {
   const detail::CaptureBinding::Capture capture = binding.capture();
   if (!capture.active) return;
   detail::PoolCore& core = binding.core();
-  capture.origin->capture.store(nullptr, std::memory_order_release);
-  capture.origin->attention.fetch_and(~detail::capture_bound, std::memory_order_release);
-  core.unbind_capture(capture.id);
+  capture.origin->attention.fetch_and(~detail::gated, std::memory_order_release);
+  detail::CaptureGate::of(core).unbind(capture.stream, capture.id);
   detail::note_capture_end(capture.mode, capture.thread);
   binding.end_capture();
   binding.unref();  // the capture's reference
 }
 
+// A safe point of the capture layer: no lock held, no capture of ours restricting this thread.
+void safe_point() noexcept {
+  complete_graph_releases();
+  detail::bury_dead_pools();
+}
+
 }  // namespace
 
-void complete_graph_releases() noexcept {
+namespace detail {
+
+void complete_graph_releases_of(const PoolCore* core) noexcept {
   Deferred& d = deferred();
   if (!d.pending.load(std::memory_order_acquire)) return;
-  if (!detail::unsafe_calls_allowed_here()) return;  // a capture under way: later
+  // A release drops buffers and runs the owners' destructors given to record_buffer, which may
+  // make any call: none while a capture of ours is under way.
+  if (!calls_allowed(Restricted::free)) return;
   std::vector<std::shared_ptr<CapturePool>*> queue;
   {
     std::lock_guard<std::mutex> lock(d.mutex);
-    queue.swap(d.queue);
-    d.pending.store(false, std::memory_order_release);
+    if (core == nullptr) {
+      queue.swap(d.queue);
+    } else {
+      std::erase_if(d.queue, [&](std::shared_ptr<CapturePool>* ref) {
+        if (&(*ref)->binding().core() != core) return false;
+        try {
+          queue.push_back(ref);
+          return true;
+        } catch (const std::bad_alloc&) {
+          return false;
+        }
+      });
+    }
+    d.pending.store(!d.queue.empty(), std::memory_order_release);
   }
   for (auto* ref : queue) delete ref;
 }
+
+}  // namespace detail
+
+void complete_graph_releases() noexcept { detail::complete_graph_releases_of(nullptr); }
 
 // --- CapturePool ----------------------------------------------------------------------------
 
 CapturePool::CapturePool(MemoryPool& source)
     : source_(source), binding_(new detail::CaptureBinding(source.core())) {
-  complete_graph_releases();
+  detail::CaptureGate::of(source.core());
+  safe_point();
 }
 
 CapturePool::~CapturePool() {
   const detail::CaptureBinding::Capture capture = binding_->capture();
   if (capture.active) {
     // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture.
-    cudaGraph_t graph = nullptr;
-    Device& device = source_.device();
-    device.end_capture(capture.stream, &graph);
-    if (graph != nullptr) device.graph_destroy(graph);
+    end_and_discard(binding_->core().device(), capture.stream);
     unbind(*binding_);
   }
   clear_buffers();
@@ -100,7 +139,8 @@ void CapturePool::reserve(std::size_t bytes) {
   if (error) {
     const auto code = static_cast<Errc>(error.value());
     if (code == Errc::out_of_memory) {
-      throw Error(code, "CapturePool::reserve: " + source_.core().out_of_memory_message(bytes, nullptr));
+      throw Error(code, "CapturePool::reserve: " +
+                            binding_->core().out_of_memory_message(bytes, nullptr));
     }
     throw Error(code, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
   }
@@ -128,9 +168,10 @@ void CapturePool::clear_buffers() noexcept {
 void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
                              CaptureMode mode) {
   if (pool == nullptr) throw Error(Errc::invalid_value, "begin_capture_with_pool: no pool");
-  complete_graph_releases();
+  safe_point();
   detail::CaptureBinding& binding = pool->binding();
   detail::PoolCore& core = binding.core();
+  detail::CaptureGate& gate = detail::CaptureGate::of(core);
   Device& device = core.device();
   // Refuse a stream already capturing before asking its id: CUDA would refuse that and
   // invalidate the capture under way.
@@ -142,38 +183,50 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
                 "begin_capture_with_pool: the stream is already captured (with or without a pool)");
   }
   std::error_code error;
-  detail::StreamState* s = core.resolve(stream, error);
-  if (s == nullptr) throw Error(static_cast<Errc>(error.value()), "begin_capture_with_pool");
-  if (binding.capture().active) {
+  const detail::StreamRegistry::Found found = core.registry().find(stream, error);
+  if (found.state == nullptr) {
+    throw Error(error ? static_cast<Errc>(error.value()) : Errc::capture_mismatch,
+                "begin_capture_with_pool: the stream's id");
+  }
+  if (!binding.claim()) {
     throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
   }
-  detail::CaptureBinding* expected = nullptr;
-  if (!s->capture.compare_exchange_strong(expected, &binding)) {
+  if (!gate.bind_stream(stream, &binding)) {
+    binding.unclaim();
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured with a pool");
   }
+  const auto undo = [&](CaptureId id) noexcept {
+    gate.unbind(stream, id);
+    binding.unclaim();
+  };
+  // What the stream did before the capture is fenced now: blocks the capture adopts wait for it.
+  binding.learn();
+  const detail::Need before = core.fence_now(*found.state);
+  // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
+  const std::thread::id thread = std::this_thread::get_id();
+  detail::note_capture_begin(mode, thread);
   cudaError_t status = device.begin_capture(stream, mode);
-  CaptureStatus state = CaptureStatus::none;
-  CaptureId id = 0;
-  if (status == cudaSuccess) status = device.capture_info(stream, &state, &id);
   if (status != cudaSuccess) {
-    s->capture.store(nullptr);
+    detail::note_capture_end(mode, thread);
+    undo(0);
     throw Error(status, "begin_capture_with_pool: cudaStreamBeginCapture");
   }
+  CaptureStatus state = CaptureStatus::none;
+  CaptureId id = 0;
+  status = device.capture_info(stream, &state, &id);
   try {
-    core.bind_capture(id, &binding);
-    detail::note_capture_begin(mode, std::this_thread::get_id());
+    if (status != cudaSuccess) throw Error(status, "begin_capture_with_pool: cudaStreamGetCaptureInfo");
+    gate.bind_capture(id, &binding);
   } catch (...) {
-    cudaGraph_t graph = nullptr;
-    device.end_capture(stream, &graph);
-    if (graph != nullptr) device.graph_destroy(graph);
-    core.unbind_capture(id);
-    s->capture.store(nullptr);
+    end_and_discard(device, stream);
+    detail::note_capture_end(mode, thread);
+    undo(id);
     throw;
   }
   binding.ref();  // the capture's reference
-  binding.set_capture({true, id, mode, stream, s, std::this_thread::get_id()});
-  s->attention.fetch_or(detail::capture_bound, std::memory_order_release);
+  binding.set_capture({true, id, mode, stream, found.state, thread, before});
+  found.state->attention.fetch_or(detail::gated, std::memory_order_release);
 }
 
 CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool) {
@@ -187,12 +240,13 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   Device& device = binding.core().device();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = device.end_capture(stream, &graph);
-  unbind(binding);  // the stream has left capture, whatever end_capture said
-  complete_graph_releases();
   if (ended != cudaSuccess) {
     if (graph != nullptr) device.graph_destroy(graph);
-    throw Error(ended, "end_capture_with_pool: cudaStreamEndCapture");
+    end_and_discard(device, stream);  // the stream leaves capture whatever happens
   }
+  unbind(binding);
+  safe_point();
+  if (ended != cudaSuccess) throw Error(ended, "end_capture_with_pool: cudaStreamEndCapture");
 
   // The graph keeps the pool alive by itself, through a user object it retains.
   auto* ref = new std::shared_ptr<CapturePool>(pool);
@@ -244,12 +298,12 @@ CapturedGraph::~CapturedGraph() { destroy(); }
 void CapturedGraph::destroy() noexcept {
   if (exec_ != nullptr) device_->graph_exec_destroy(std::exchange(exec_, nullptr));
   pool_.reset();
-  complete_graph_releases();
+  safe_point();
 }
 
 void CapturedGraph::launch(cudaStream_t stream) {
   if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::launch: no graph");
-  complete_graph_releases();
+  safe_point();
   throw_on_cuda_error(device_->graph_launch(exec_, stream), "CapturedGraph::launch");
   ++replays_;
 }

@@ -1,6 +1,9 @@
-// Blocks and the intrusive lists that hold free ones.
+// Blocks, the needs that keep them from other streams, and the intrusive lists of free blocks.
 #pragma once
 
+#include "checks.hpp"
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -10,39 +13,76 @@ namespace streampool::detail {
 struct StreamState;
 struct Segment;
 struct Slab;
-class CaptureBinding;
+
+// A sequence of fences: those recorded on one stream, or the pool's device synchronizes.
+//
+// Invariant: completed <= recorded. A fence's index is `recorded` before it was recorded; fence i
+// has completed once completed > i. Both only grow, and are never reset, also when the stream's
+// state is recycled for another stream: an index that was covered stays covered.
+struct Timeline {
+  std::atomic<std::uint64_t> recorded{0};   // fences recorded so far; the next one's index
+  std::atomic<std::uint64_t> completed{0};  // every fence with a smaller index has completed
+  StreamState* stream = nullptr;            // whose fences; null for the device's synchronizes
+};
+
+// What must happen before a free block may go to a stream other than the one it is kept for:
+// every use of it was enqueued before fence `index` of `timeline`. No timeline: the block is
+// clean, no pending work uses it.
+struct Need {
+  const Timeline* timeline = nullptr;
+  std::uint64_t index = 0;
+};
+
+// The one rule: a need is covered once its fence has completed (or it has none). Every decision
+// that a free block may go to another stream is this function.
+inline bool covered(const Need& need) noexcept {
+  return need.timeline == nullptr ||
+         need.index < need.timeline->completed.load(std::memory_order_acquire);
+}
+
+// Other streams named by record_stream, each with the generation of its state then: a state
+// retired or recycled since no longer names that stream (see StreamState::generation).
+struct RecordedStream {
+  StreamState* state;
+  std::uint32_t generation;
+};
 
 // One range of device memory: a small block of a size class, carved from a slab, or a large range
 // of the arena (a slab itself is a large range carved into small blocks).
 //
 // Invariants:
-//   live block      on no list; `state` is the stream it was allocated on; `requested` > 0.
-//   free, on a stream's list, or a large range owned by a stream: `state` is the stream it was
-//                   last used on, `tag` the index of that stream's fence that covers its last use
-//                   (every use was enqueued before the stream's fence number `tag` is recorded).
-//                   Safe on `state` at once; safe elsewhere once that fence has completed
-//                   (tag < state->completed).
-//   free and clean  `state` is null: no pending work uses it (fresh memory, a completed fence, or
-//                   a device synchronize since its last use). Safe anywhere.
+//   live     `free` is false and the block is on no list; `home` is the stream it was allocated
+//            on and `home_generation` that state's generation then; `requested` > 0.
+//   free     `need` says who may have it: a block on stream S's list, or a large range owned by
+//            S, has need.timeline == &S.timeline (S may reuse it at once; others once covered) or
+//            no timeline (clean); a parked block's needs are in its Parked entry; a block in the
+//            depot, or a range nobody owns, is clean.
 struct Block {
   std::byte* ptr = nullptr;
-  StreamState* state = nullptr;
-  std::uint64_t tag = 0;
+  std::size_t size = 0;       // bytes of the block or range
+  std::uint32_t size_class = 0;
+  bool large = false;         // a range of the arena (else a small block of a slab)
+  bool free = true;
+  bool is_slab = false;       // a large range carved into small blocks
+
+  // While live.
+  StreamState* home = nullptr;
+  std::uint32_t home_generation = 0;
+  std::size_t requested = 0;
+  std::vector<RecordedStream>* recorded = nullptr;
+
+  // While free.
+  Need need;
+
   Block* next = nullptr;  // links of the free list the block is on
   Block* prev = nullptr;
-  std::size_t requested = 0;
-  std::uint32_t size_class = 0;
-  bool large = false;
-  bool free = true;
-  bool is_slab = false;         // a large range carved into small blocks
-  std::size_t size = 0;         // bytes of the block or range
-
   Slab* slab = nullptr;         // small blocks: the slab they were carved from
   Segment* segment = nullptr;   // large ranges: the device allocation they lie in
   Block* before = nullptr;      // large ranges: neighbours in address order within the segment
   Block* after = nullptr;
-  std::vector<StreamState*>* recorded = nullptr;  // other streams named by record_stream
-  CaptureBinding* hold = nullptr;  // cut from a CapturePool's private memory
+  // Memory a layer above the pool owns (the gate's layer): its drop goes to the
+  // gate (gate.hpp), never to the pool's lists.
+  void* keeper = nullptr;
 };
 
 // A doubly linked list of free blocks, newest at the head.
@@ -75,6 +115,7 @@ struct BlockList {
     return b;
   }
   void remove(Block* b) noexcept {
+    STREAMPOOL_ASSERT(count > 0);
     if (b->prev != nullptr) b->prev->next = b->next;
     else head = b->next;
     if (b->next != nullptr) b->next->prev = b->prev;

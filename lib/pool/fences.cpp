@@ -1,125 +1,140 @@
-// Fences: events recorded on a stream after blocks were dropped on it. A fence is what lets a
-// block go to another stream; one fence covers every block dropped on its stream before it, so
-// by default a fence is recorded only when another stream asks for that stream's blocks.
-//
-// Indices: a stream's fence_seq counts its fences; a block dropped on it takes the current value
-// as its tag and is covered by the fence of that index. `completed` is the number of leading
-// fences known complete. A "virtual" fence (a stream or device synchronize) advances both at once.
-#include "capture_guard.hpp"
+// Recording fences and learning which completed.
+#include "fences.hpp"
+
 #include "pool_core.hpp"
+
+#include <chrono>
+#include <limits>
 
 namespace streampool::detail {
 
-bool PoolCore::unsafe_calls_allowed() const noexcept { return unsafe_calls_allowed_here(); }
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
-cudaEvent_t PoolCore::take_event() noexcept {
+FencePolicy FencePolicy::from(const PoolOptions& options) noexcept {
+  FencePolicy p;
+  p.unfenced_bytes = options.fence_every_free ? 1 : options.unfenced_bytes;
+  p.unfenced_ns = static_cast<std::int64_t>(options.unfenced_us) * 1000;
+  return p;
+}
+
+std::size_t FencePolicy::limit(bool several_streams) const noexcept {
+  if (unfenced_bytes == 1) return 1;  // fence_every_free: one stream or many
+  return several_streams && unfenced_bytes != 0 ? unfenced_bytes
+                                                : std::numeric_limits<std::size_t>::max();
+}
+
+EventPool::~EventPool() {
+  for (cudaEvent_t event : idle_) device_.event_destroy(event);
+}
+
+cudaEvent_t EventPool::take() noexcept {
   {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    if (!idle_events_.empty()) {
-      cudaEvent_t event = idle_events_.back();
-      idle_events_.pop_back();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!idle_.empty()) {
+      cudaEvent_t event = idle_.back();
+      idle_.pop_back();
       return event;
     }
   }
   cudaEvent_t event = nullptr;
-  return device_->event_create(&event) == cudaSuccess ? event : nullptr;
+  return device_.event_create(&event) == cudaSuccess ? event : nullptr;
 }
 
-void PoolCore::return_event(cudaEvent_t event) noexcept {
+void EventPool::give(cudaEvent_t event) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    idle_events_.push_back(event);
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(event);
   } catch (const std::bad_alloc&) {
-    device_->event_destroy(event);
+    device_.event_destroy(event);
   }
 }
 
 FenceResult PoolCore::record_fence(StreamState& s) noexcept {
-  CaptureStatus status = CaptureStatus::none;
-  CaptureId capture = 0;
-  if (device_->capture_info(s.handle, &status, &capture) != cudaSuccess ||
-      status != CaptureStatus::none) {
-    return FenceResult::failed;
-  }
-  const std::uint64_t index = s.fence_seq.load(std::memory_order_relaxed);
-  if (cudaEvent_t event = take_event(); event != nullptr) {
+  STREAMPOOL_ASSERT(s.addressable());
+  STREAMPOOL_ASSERT((s.attention.load(std::memory_order_relaxed) & retired) == 0);
+  // A fence recorded on a capturing stream would belong to the graph (and never complete here).
+  const GateStatus status = gate_status(*device_, s.handle);
+  if (status.error != cudaSuccess || status.capturing()) return FenceResult::failed;
+  const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
+  FenceResult result = FenceResult::failed;
+  if (cudaEvent_t event = events_.take(); event != nullptr) {
     if (device_->event_record(event, s.handle) == cudaSuccess) {
       try {
-        s.fences.push_back({index, event});
-        s.fence_seq.store(index + 1, std::memory_order_release);
-        ++s.counters.fences;
-        return FenceResult::recorded;
+        s.fences.push_back({index, event, 0});
+        result = FenceResult::recorded;
       } catch (const std::bad_alloc&) {
-        // fall through to the synchronize: the event is recorded but cannot be remembered
+        // recorded but cannot be remembered: fall through to the synchronize
       }
     }
-    return_event(event);
+    if (result != FenceResult::recorded) events_.give(event);
   }
-  // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
-  if (!unsafe_calls_allowed() || device_->stream_synchronize(s.handle) != cudaSuccess) {
-    return FenceResult::failed;
+  if (result == FenceResult::recorded) {
+    s.timeline.recorded.store(index + 1, std::memory_order_release);
+    ++s.counters.fences;
+  } else {
+    // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
+    if (!calls_allowed(Restricted::stream_sync) ||
+        device_->stream_synchronize(s.handle) != cudaSuccess) {
+      return FenceResult::failed;
+    }
+    s.timeline.recorded.store(index + 1, std::memory_order_release);
+    s.timeline.completed.store(index + 1, std::memory_order_release);
+    for (const Fence& fence : s.fences) {
+      if (fence.event != nullptr) events_.give(fence.event);
+    }
+    s.fences.clear();
+    ++s.counters.blocking;
+    result = FenceResult::synchronized;
   }
-  s.fence_seq.store(index + 1, std::memory_order_release);
-  s.completed.store(index + 1, std::memory_order_release);
-  for (const Fence& fence : s.fences) return_event(fence.event);
-  s.fences.clear();
-  ++s.counters.blocking;
-  return FenceResult::synchronized;
+  s.unfenced_bytes = 0;
+  s.unfenced_since_ns = 0;
+  s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
+  return result;
 }
 
-void PoolCore::refresh_fences(StreamState& s) noexcept {
-  if (!unsafe_calls_allowed()) return;  // an event query would invalidate a capture under way
+void PoolCore::refresh(StreamState& s) noexcept {
+  const std::uint64_t device_done = device_timeline_.completed.load(std::memory_order_acquire);
+  bool may_query = true;
   while (!s.fences.empty()) {
     const Fence fence = s.fences.front();
-    if (device_->event_query(fence.event) != cudaSuccess) return;
-    s.completed.store(fence.index + 1, std::memory_order_release);
-    return_event(fence.event);
+    if (fence.event == nullptr) {
+      if (fence.device_index >= device_done) return;
+    } else {
+      // calls_allowed() forbids event queries at times (gate.hpp).
+      if (may_query && !calls_allowed(Restricted::event_wait)) may_query = false;
+      if (!may_query || device_->event_query(fence.event) != cudaSuccess) return;
+      events_.give(fence.event);
+    }
+    s.timeline.completed.store(fence.index + 1, std::memory_order_release);
     s.fences.pop_front();
   }
 }
 
-cudaEvent_t PoolCore::fence_event(const StreamState& s, std::uint64_t tag) const noexcept {
+const Fence* PoolCore::fence_at(const StreamState& s, std::uint64_t index) const noexcept {
   for (const Fence& fence : s.fences) {
-    if (fence.index >= tag) return fence.event;
+    if (fence.index >= index && fence.event != nullptr) return &fence;
   }
   return nullptr;
 }
 
-void PoolCore::drain_parked() noexcept {
-  std::vector<Block*> clean;
-  {
-    std::lock_guard<std::mutex> lock(parked_mutex_);
-    for (std::size_t i = 0; i < parked_.size();) {
-      Parked& p = parked_[i];
-      bool done = true;
-      for (auto& [stream, tag] : p.needs) {
-        if (stream == nullptr) {
-          done = false;
-          break;
-        }
-        if (tag < stream->completed.load(std::memory_order_acquire)) continue;
-        stream->lock.lock();
-        refresh_fences(*stream);
-        stream->lock.unlock();
-        if (tag >= stream->completed.load(std::memory_order_acquire)) {
-          done = false;
-          break;
-        }
-      }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      try {
-        clean.push_back(p.block);
-      } catch (const std::bad_alloc&) {
-        return;
-      }
-      parked_[i] = std::move(parked_.back());
-      parked_.pop_back();
-    }
+void PoolCore::fence_if_asked(StreamState& s) noexcept {
+  if ((s.attention.load(std::memory_order_relaxed) & wants_fence) != 0 && s.addressable()) {
+    record_fence(s);
   }
-  make_clean(clean);
+}
+
+bool PoolCore::learn_covered(const Need& need) noexcept {
+  if (covered(need)) return true;
+  if (StreamState* s = need.timeline->stream) {
+    s->lock.lock();
+    refresh(*s);
+    s->lock.unlock();
+  }
+  return covered(need);
 }
 
 }  // namespace streampool::detail

@@ -1,6 +1,8 @@
 // MemoryPool and PooledBuffer: the public face of PoolCore.
 #include "pool_core.hpp"
 
+#include "../device/reserved_limit.hpp"
+
 #include <streampool/error.hpp>
 #include <streampool/memory_pool.hpp>
 #include <streampool/pooled_buffer.hpp>
@@ -22,7 +24,12 @@ PoolOptions checked(PoolOptions options) {
 
 MemoryPool::MemoryPool(std::shared_ptr<Device> device, PoolOptions options) {
   if (device == nullptr) throw Error(Errc::invalid_value, "MemoryPool: no device");
-  core_ = new detail::PoolCore(std::move(device), checked(std::move(options)));
+  options = checked(std::move(options));
+  // The reserved-memory limit is a layer over the device, not a branch in the pool.
+  if (options.max_reserved_bytes != 0) {
+    device = std::make_shared<detail::ReservedLimit>(std::move(device), options.max_reserved_bytes);
+  }
+  core_ = new detail::PoolCore(std::move(device), options);
 }
 
 MemoryPool::~MemoryPool() { core_->orphan(); }
@@ -63,10 +70,12 @@ Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
 
 void* block_address(const Block* block) noexcept { return block->ptr; }
 
-void release_block(Block* block) noexcept { block->state->core->release(block); }
+void release_block(Block* block, cudaStream_t stream) noexcept {
+  block->home->core->drop(block, stream);
+}
 
 void record_block_stream(Block* block, cudaStream_t stream) {
-  block->state->core->record_stream(block, stream);
+  block->home->core->record_stream(block, stream);
 }
 
 void throw_allocation_error(MemoryPool& pool, std::error_code error, std::size_t bytes,

@@ -1,16 +1,36 @@
-// The pool's private state: see the data model at the top of include/streampool/memory_pool.hpp.
-// This header is the one place its parts are declared; each part's code has a file of its own:
+// PoolCore: the stream-ordered cache behind a MemoryPool.
 //
-//   pool_core.cpp   construction, destruction, the fast paths, stream resolution
-//   fences.cpp      recording fences, learning which completed, the event free list
-//   small_tier.cpp  the slow path of small blocks: depot, stealing, new slabs
-//   arena.cpp       device segments and the large tier: best fit, split, coalesce
-//   reclaim.cpp     out-of-memory ladder, device-synchronize reclaim, trim, release_stream
-//   stats.cpp       counters and their sums
+// The data model, and who may touch what (docs/design.md, "MemoryPool", says why):
+//
+//   PoolCore                 lives until the MemoryPool object, its last buffer and the last
+//    │                       layer above that keeps it (see orphan()) are gone
+//    ├─ StreamRegistry       stream -> StreamState; the threads' caches      registry mutex
+//    │   └─ StreamState      one per stream: free[class] lists, fence log,   its spin lock
+//    │       ├─ Timeline     counters, unfenced bytes; blocks on its lists
+//    │       └─ free[class]  are safe on it at once, elsewhere once covered
+//    ├─ SmallTier            depot[class] of clean blocks; slabs             depot mutex
+//    ├─ LargeTier            segments -> ranges; free ranges by size         arena mutex
+//    ├─ parked               blocks waiting for several needs                parked mutex
+//    ├─ device timeline      device synchronizes, as fences                  (atomics)
+//    ├─ EventPool            idle fence events                               event mutex
+//    └─ Gate*                the hooks of the layer above (gate.hpp)
+//
+//   Block: a range of device memory (block.hpp). Live: on no list, counted on its home stream.
+//   Free: its Need (a timeline and a fence index) says who may have it; covered() decides.
+//
+// Lock order: reclaim mutex, registry mutex, depot mutex, arena mutex, one stream's lock, then
+// the leaves (parked, event, keepers, raw shards), each taken alone. The fast paths take one
+// stream's lock and nothing else.
 #pragma once
 
 #include "block.hpp"
+#include "fences.hpp"
+#include "gate.hpp"
+#include "large_tier.hpp"
+#include "small_tier.hpp"
 #include "spin_lock.hpp"
+#include "stream_registry.hpp"
+#include "stream_state.hpp"
 
 #include <streampool/device.hpp>
 #include <streampool/error.hpp>
@@ -18,231 +38,139 @@
 #include <streampool/pool_stats.hpp>
 #include <streampool/size_classes.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 namespace streampool::detail {
 
-class CaptureBinding;
-class PoolCore;
-
-struct Fence {
-  std::uint64_t index;
-  cudaEvent_t event;
-};
-
-enum class FenceResult { recorded, synchronized, failed };
-
-// A block dropped after use on several streams, waiting for a fence on each: it becomes clean
-// when each (stream, tag) has tag < stream->completed. A null stream stands for a use that could
-// not be fenced: only a device synchronize clears it.
+// A free block that waits for several needs (uses on several streams, or a use only a device
+// synchronize can cover); clean once all are covered.
 struct Parked {
   Block* block;
-  std::vector<std::pair<StreamState*, std::uint64_t>> needs;
+  std::vector<Need> needs;
 };
 
-// Counters of one stream, guarded by its lock; stats() sums them over the streams.
-struct StreamCounters {
-  std::int64_t requested = 0;  // bytes of live allocations made on this stream
-  std::int64_t requested_total = 0;
-  std::int64_t live = 0;       // live allocations made on this stream
-  std::int64_t live_total = 0;
-  // What this stream has added to the pool-wide sums (see PoolCore::publish): at least the
-  // current value, and at most 2 granules above it.
-  std::int64_t requested_published = 0;
-  std::int64_t live_published = 0;
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;
-  std::uint64_t fences = 0;
-  std::uint64_t cross_stream = 0;
-  std::uint64_t blocking = 0;
-};
-
-// Bits of StreamState::attention: any set bit sends allocations and drops on the stream off the
-// fast path.
-enum Attention : std::uint32_t {
-  wants_fence = 1u << 0,    // another stream waits for blocks dropped here: record a fence
-  retired = 1u << 1,        // released or dead: no longer found by stream lookups
-  capture_bound = 1u << 2,  // being captured with a CapturePool
-};
-
-// One CUDA stream, as the pool sees it. Never freed while the pool lives: retired states are
-// recycled with a new generation, so a thread's stale cache entry can always be checked safely.
-struct alignas(64) StreamState {
-  SpinLock lock;
-  std::atomic<std::uint32_t> attention{0};
-  std::atomic<std::uint32_t> generation{0};
-  std::vector<BlockList> free;  // per size class [lock]
-  // Fences recorded on this stream so far (some virtual: a synchronize); a drop takes it as its
-  // block's tag. Written under the lock, read anywhere.
-  std::atomic<std::uint64_t> fence_seq{0};
-  // Every fence with a smaller index has completed. Written under the lock, read anywhere.
-  std::atomic<std::uint64_t> completed{0};
-  StreamCounters counters;    // [lock]
-  std::deque<Fence> fences;   // recorded, not yet known complete, oldest first [lock]
-  bool orphaned = false;      // the MemoryPool object is gone; drops count down [lock]
-  // Retired, and every block ever dropped on it is covered by a completed fence: nothing in the
-  // pool still needs its fence indices, so the state may serve another stream. [lock]
-  bool recyclable = false;
-
-  // Identity, set when registered (registry mutex) and constant while registered.
-  PoolCore* core = nullptr;
-  StreamId id = 0;
-  cudaStream_t handle = nullptr;
-  std::thread::id owner;      // for the per-thread default stream: the thread it belongs to
-  std::atomic<CaptureBinding*> capture{nullptr};
-
-  // Calls naming this stream may be made by the current thread (the per-thread default stream
-  // is a different stream in every other thread).
-  bool addressable() const noexcept {
-    return handle != cudaStreamPerThread || owner == std::this_thread::get_id();
-  }
-};
-
-// A device allocation of the large tier; its ranges form an address-ordered list.
-struct Segment {
-  std::byte* base = nullptr;
-  std::size_t size = 0;
-  Block* first = nullptr;
-};
-
-// A large range carved into blocks of one size class.
-struct Slab {
-  Block* range = nullptr;
-  std::uint32_t size_class = 0;
-  std::vector<Block> blocks;
-};
+// Destroys the cores whose destruction calls_allowed() deferred, where it is allowed now. The
+// layer above calls it at its safe points; every new pool calls it too.
+void bury_dead_pools() noexcept;
 
 class PoolCore {
  public:
   PoolCore(std::shared_ptr<Device> device, const PoolOptions& options);
-  ~PoolCore();
   PoolCore(const PoolCore&) = delete;
   PoolCore& operator=(const PoolCore&) = delete;
 
-  // --- the public operations (pool_core.cpp) ---------------------------------------------
+  // --- the public operations -------------------------------------------------------------
+  // allocate.cpp
   Block* allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
-  void release(Block* block) noexcept;
+  // drop.cpp: the one drop. `stream` is the stream the drop is ordered on: a PooledBuffer's own,
+  // or the one deallocate names.
+  void drop(Block* block, cudaStream_t stream) noexcept;
   // Throws Error when the stream cannot be identified.
   void record_stream(Block* block, cudaStream_t stream);
+  // raw_api.cpp
   void* allocate_raw(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
   void deallocate_raw(void* ptr, cudaStream_t stream) noexcept;
-  // The MemoryPool object is gone: destroy now, or when the last live block is released.
-  void orphan() noexcept;
-
-  // --- reclaim.cpp ---------------------------------------------------------------------------
+  // reclaim.cpp
   void release_stream(cudaStream_t stream);
   void trim(std::size_t bytes_to_keep);
-
-  // --- stats.cpp -----------------------------------------------------------------------------
+  // stats.cpp
   PoolStats stats() const;
+  std::string out_of_memory_message(std::size_t bytes, cudaStream_t stream);
+  // pool_core.cpp: the MemoryPool object is gone; destroy now, or when the last buffer or
+  // keeper (keep()) goes.
+  void orphan() noexcept;
 
   Device& device() const noexcept { return *device_; }
   const PoolOptions& options() const noexcept { return options_; }
   const SizeClasses& classes() const noexcept { return classes_; }
 
-  // Resolves a stream handle to its state, per options().stream_checks (pool_core.cpp).
-  StreamState* resolve(cudaStream_t stream, std::error_code& error) noexcept;
-
-  // --- for the capture layer (capture_support.cpp) ------------------------------------------
-  // A clean range of at least `bytes` for a CapturePool's private memory, counted as a live
-  // allocation of the pool (so the pool outlives it).
-  Block* take_private(std::size_t bytes, std::error_code& error) noexcept;
-  // Back to the arena, clean: a CapturePool's memory has no pending work when it goes (its graphs
-  // are gone and their replays complete).
-  void return_private(Block* range) noexcept;
-  void bind_capture(CaptureId id, CaptureBinding* binding);
-  void unbind_capture(CaptureId id) noexcept;
-
- private:
-  // pool_core.cpp
-  StreamState* resolve_slow(cudaStream_t stream, std::uint64_t key, std::error_code& error) noexcept;
-  StreamState* register_stream(cudaStream_t stream, StreamId id);
-  // The state of an explicit stream the pool has seen, by handle, without a device call.
-  StreamState* known_stream(cudaStream_t stream) noexcept;
-  Block* allocate_slow(StreamState& s, std::size_t bytes, cudaStream_t stream,
-                       std::error_code& error) noexcept;
-  void release_slow(Block* block) noexcept;
-  void release_recorded(Block* block) noexcept;
-  // Asks CUDA whether `stream` is capturing. True when that decides the allocation (an error, or
-  // an allocation from a CapturePool): `out` then holds the result.
-  bool decided_by_capture(std::size_t bytes, cudaStream_t stream, Block*& out,
-                          std::error_code& error) noexcept;
-  // An allocation on a stream that is being captured: from the CapturePool bound to the capture,
-  // or Errc::capture_without_pool.
-  Block* allocate_captured(std::size_t bytes, cudaStream_t stream, CaptureStatus status,
-                           CaptureId capture, std::error_code& error) noexcept;
-  void put_back(StreamState& s, Block* block) noexcept;  // [s.lock]
-  // put_back, then the fence the options or another stream ask for. [s.lock]
-  void put_back_fenced(StreamState& s, Block* block) noexcept;
-  // Records a fence on s if fence_every_free is set or another stream asked for one. [s.lock]
-  void fence_if_asked(StreamState& s) noexcept;
+  // --- for the gate (the layer above) ---------------------------------------------------------
+  // Installs the gate (once; the pool owns it from then on) and returns the one installed.
+  Gate& install_gate(std::unique_ptr<Gate> gate) noexcept;
+  Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
+  StreamRegistry& registry() noexcept { return registry_; }
+  // A clean range of the arena of at least `bytes` (the out-of-memory ladder climbed if needed).
+  Block* take_range(std::size_t bytes, std::error_code& error) noexcept;
+  // Back to the arena, free once every need is covered.
+  void return_range(Block* range, std::vector<Need> needs) noexcept;
+  // Parks a block that came back, with the needs of its uses.
+  void park(Block* block, std::vector<Need> needs) noexcept;
+  // The needs of these uses, each fenced now where it can be (see drop.cpp).
+  std::vector<Need> fence_uses(const std::vector<RecordedStream>& uses) noexcept;
+  // Records a fence on `s` now (its call names it) and returns the need it covers; the need of
+  // an unfenced drop when no fence could be made.
+  Need fence_now(StreamState& s) noexcept;
+  // Counts `b` live on `s` / no longer live (the gate's own allocations and drops).
   void count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept;  // [s.lock]
-  bool count_release(StreamState& s, Block* b) noexcept;  // [s.lock]; true: orphan count-down
-  void orphan_release() noexcept;
+  void count_drop(Block* b) noexcept;  // [nothing locked]
+  // Something above the pool keeps the core alive until it lets go.
+  void keep() noexcept;
+  void let_go() noexcept;
 
-  // fences.cpp
+  // --- for the parts of the pool --------------------------------------------------------------
+  // fences.cpp, all [s.lock]
   // Records a fence on `s` covering every block dropped on it so far: its index is the
-  // fence_seq before the call. [s.lock, s addressable] Falls back to a stream synchronize when the
-  // event cannot be created or recorded (`synchronized`: every block dropped on s so far is then
-  // clean). `failed` when neither worked, or when s is being captured (a fence recorded there
-  // would belong to the graph): the blocks then wait for a later fence or a device synchronize.
+  // `recorded` before the call. Requires s addressable and not retired. Falls back to a stream
+  // synchronize when the event cannot be created or recorded (`synchronized`: every block dropped
+  // on s so far is then clean). `failed` when neither worked, or when s is capturing (a fence
+  // recorded there would belong to the graph).
   FenceResult record_fence(StreamState& s) noexcept;
-  // Moves parked blocks whose fences all completed to the depot or the arena, clean.
+  // Learns which of s's fences completed (event queries, where allowed).
+  void refresh(StreamState& s) noexcept;
+  // The first fence recorded with an event whose index is >= `index`, or null.
+  const Fence* fence_at(const StreamState& s, std::uint64_t index) const noexcept;
+  // A drop of `bytes` landed on s: true when the fence policy, or another stream, wants a fence
+  // on s now. [s.lock] The clock is read once every FencePolicy::clock_every drops: the time
+  // bound starts at the first reading after the stream's last fence (or after its unfenced bytes
+  // were all reused there), so it holds to within that many drops.
+  bool dropped_here(StreamState& s, std::size_t bytes) noexcept {
+    s.unfenced_bytes += bytes;
+    if (s.unfenced_bytes >= s.unfenced_limit) return true;
+    if ((s.attention.load(std::memory_order_relaxed) & wants_fence) != 0) return true;
+    if (policy_.unfenced_ns == 0 || s.unfenced_limit == unbounded ||
+        ++s.drops % FencePolicy::clock_every != 0) {
+      return false;
+    }
+    const std::int64_t now = now_ns();
+    if (s.unfenced_since_ns == 0) {
+      s.unfenced_since_ns = now;
+      return false;
+    }
+    return now - s.unfenced_since_ns > policy_.unfenced_ns;
+  }
+  // A free block of s goes back into use on s. [s.lock]
+  static void reused_here(StreamState& s, const Block& b, std::size_t bytes) noexcept {
+    if (b.need.timeline != &s.timeline ||
+        b.need.index != s.timeline.recorded.load(std::memory_order_relaxed)) {
+      return;  // covered by a fence already: not counted as unfenced
+    }
+    s.unfenced_bytes -= std::min(bytes, s.unfenced_bytes);
+    if (s.unfenced_bytes == 0) s.unfenced_since_ns = 0;
+  }
+  static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+  // Records the fence another stream asked for, if any.
+  void fence_if_asked(StreamState& s) noexcept;
+
+  // Is the need covered, learning (querying its stream's fences) if it is not yet known? Takes
+  // the stream's lock: call with no stream locked.
+  bool learn_covered(const Need& need) noexcept;
+  // Parked blocks whose needs are all covered go back clean.
   void drain_parked() noexcept;
-  // Hands free blocks no pending work uses to the depot (small) or the arena (large).
+  // Blocks (small or large) that no pending work uses go back to their tier.
   void make_clean(const std::vector<Block*>& blocks) noexcept;
-  // Learns which of s's fences completed (event queries). [s.lock]
-  void refresh_fences(StreamState& s) noexcept;
-  // The event of the oldest recorded fence with index >= tag, or nullptr. [s.lock]
-  cudaEvent_t fence_event(const StreamState& s, std::uint64_t tag) const noexcept;
-  cudaEvent_t take_event() noexcept;  // nullptr on failure
-  void return_event(cudaEvent_t event) noexcept;
-  // Calls CUDA refuses during a restricting capture (event queries, malloc, synchronize) may be
-  // made from this thread now.
-  bool unsafe_calls_allowed() const noexcept;
-
-  // small_tier.cpp
-  Block* allocate_small_slow(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept;
-  Block* take_from_depot(StreamState& s, std::uint32_t size_class) noexcept;
-  Block* steal(StreamState& s, std::uint32_t size_class) noexcept;
-  // A new slab of the class: returns its first block, puts the others in the depot.
-  Block* carve_slab(std::uint32_t size_class, std::error_code& error) noexcept;
-
-  // arena.cpp
-  Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
-  // A request's size in the arena (rounded to large_rounding), or 0 and out_of_memory when no
-  // device could hold it.
-  std::size_t arena_size(std::size_t bytes, std::error_code& error) const noexcept;
-  void release_large(Block* block) noexcept;
-  // Before the arena grows for s: learns which fences of streams owning free ranges completed,
-  // and asks those with unfenced free ranges for a fence.
-  void ask_owners_of_free_ranges(StreamState& s) noexcept;
-  // A range of at least `bytes` usable on `s`. [arena_mutex_]
-  Block* arena_take(StreamState* s, std::size_t bytes, std::error_code& error) noexcept;
-  Block* arena_find(StreamState* s, std::size_t bytes) noexcept;  // [arena_mutex_]
-  // Takes a free range out of the index and cuts it to `bytes`. [arena_mutex_]
-  Block* arena_split(Block* range, std::size_t bytes) noexcept;
-  // Cuts an unindexed range to `bytes`, indexing the rest as free. [arena_mutex_]
-  Block* arena_cut(Block* range, std::size_t bytes) noexcept;
-  Block* arena_grow(std::size_t bytes, std::error_code& error) noexcept;  // [arena_mutex_]
-  void arena_free(Block* range) noexcept;  // [arena_mutex_]
-  void arena_insert_free(Block* range) noexcept;  // [arena_mutex_]
-  void arena_erase_free(Block* range) noexcept;   // [arena_mutex_]
-  bool range_clean(Block* range) noexcept;        // normalizes a completed owner to clean
-  void coalesce_clean() noexcept;  // merges adjacent free clean ranges [arena_mutex_]
-  std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;  // [arena_mutex_]
-  Block* new_block();  // [arena_mutex_]
-  void delete_block(Block* b) noexcept;  // [arena_mutex_]
+  // A block off every list with pending needs: clean, parked, or (one need) where it belongs.
+  void settle(Block* block, const std::vector<Need>& needs) noexcept;
+  // Moves a retired state's free blocks off it (stream_registry.cpp calls it). [registry]
+  void empty_retired(StreamState& s, bool may_fence) noexcept;
 
   // reclaim.cpp
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim
@@ -262,62 +190,82 @@ class PoolCore {
     return nullptr;
   }
   static constexpr int reclaim_steps = 4;
-  // Step 0: learn which fences completed, release parked blocks. Step 1: return wholly free
-  // segments to the device. Step 2: synchronize the device, after which every cached block is
-  // clean (and slabs wholly free go back to the arena). Step 3: return the segments that made
-  // wholly free. False when the step could do nothing.
   bool reclaim(int step) noexcept;
-  // After a device synchronize every block dropped before it is clean: marks it so, moves
-  // blocks of retired streams to the depot and returns wholly free slabs to the arena.
+  // After a device synchronize every block dropped before it is clean: covers every timeline up
+  // to it and moves what that frees to the depot and the arena. False when not allowed now.
   bool synchronize_and_reclaim() noexcept;
-  void return_free_slabs() noexcept;
-  void recycle_retired() noexcept;
-  std::vector<StreamState*> all_states() const;
-
- public:
-  // The text of an out-of-memory error: the request, reserved, cached and device-free bytes.
-  std::string out_of_memory_message(std::size_t bytes, cudaStream_t stream);
-
- private:
+  // The stranded-memory bound (docs/design.md, "Streams"): synchronizes when it is passed.
+  void reclaim_if_stranded() noexcept;
+  void note_stranded(std::size_t bytes) noexcept {
+    stranded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
 
   // stats.cpp
-  void publish(StreamCounters& c) noexcept;  // [lock of c's stream]
+  void publish(StreamCounters& c, bool exact = false) noexcept;  // [lock of c's stream]
   void count_device_allocation(std::size_t bytes) noexcept;
   void count_device_free(std::size_t bytes) noexcept;
+  std::int64_t stats_reserved() const noexcept { return reserved_.load(); }
+  // A range handed to a layer above (take_range) counts as a live allocation of its size.
+  void count_range(const Block& range, bool taken) noexcept;
 
-  std::shared_ptr<Device> device_;
-  PoolOptions options_;
-  SizeClasses classes_;
-  std::uint64_t uid_;  // unique over the program's life: keys the threads' stream caches
-  // How far a stream's published byte and allocation counts may run above its true ones.
-  std::int64_t byte_slack_;
-  std::int64_t count_slack_;
+  // invariants.cpp
+  bool consistent_state(StreamState& s) noexcept;  // [s.lock]
+  bool consistent() noexcept;                       // [nothing locked]
 
-  // Registry [registry_mutex_]. Lock order: registry_mutex_ before any stream's lock.
-  mutable std::mutex registry_mutex_;
-  std::unordered_map<StreamId, StreamState*> by_id_;
-  std::unordered_map<cudaStream_t, StreamState*> by_handle_;  // handles of explicit streams
-  std::vector<std::unique_ptr<StreamState>> states_;  // every state ever made (some retired)
-  std::vector<StreamState*> recycled_;                 // retired states with nothing left
+  const FencePolicy& policy() const noexcept { return policy_; }
+  Timeline& device_timeline() noexcept { return device_timeline_; }
+  EventPool& events() noexcept { return events_; }
+  SmallTier& small() noexcept { return small_; }
+  LargeTier& large() noexcept { return large_; }
 
-  // Depot [depot_mutex_]: clean small blocks, per class.
-  std::mutex depot_mutex_;
-  std::vector<BlockList> depot_;
+ private:
+  ~PoolCore();
 
-  // Arena [arena_mutex_]. Lock order: arena_mutex_ may be taken before a stream's lock, never
-  // after one.
-  struct BySize {
-    bool operator()(const Block* a, const Block* b) const noexcept {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+  // allocate.cpp
+  Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
+                       cudaStream_t stream, std::error_code& error) noexcept;
+  Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
+  Block* allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
+                        std::error_code& error) noexcept;
+  // drop.cpp
+  void drop_slow(Block* b, cudaStream_t stream, const std::vector<RecordedStream>& uses) noexcept;
+  std::vector<RecordedStream> uses_of(Block* b) noexcept;
+  void place(Block* b, const std::vector<RecordedStream>& uses) noexcept;
+  void keep_on(StreamState& u, Block* b) noexcept;  // [u.lock], unlocks it
+  // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).
+  bool count_release(StreamState& s, Block* b) noexcept {
+    StreamCounters& c = s.counters;
+    c.requested -= static_cast<std::int64_t>(b->requested);
+    --c.live;
+    b->requested = 0;
+    if (c.requested_published - c.requested > byte_slack_ ||
+        c.live_published - c.live > count_slack_) {
+      publish(c);
     }
-  };
-  std::mutex arena_mutex_;
-  std::vector<std::unique_ptr<Segment>> segments_;
-  std::set<Block*, BySize> free_ranges_;
-  std::vector<std::unique_ptr<Slab>> slabs_;
-  std::vector<Block*> spare_blocks_;
+    return s.orphaned;
+  }
+  // pool_core.cpp
+  void count_down() noexcept;
+  void destroy() noexcept;
 
-  // Raw-pointer API: pointer -> block, sharded to keep threads apart.
+  std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
+  const PoolOptions options_;
+  const SizeClasses classes_;
+  const FencePolicy policy_;
+  // How far a stream's published byte and allocation counts may run above its true ones.
+  const std::int64_t byte_slack_;
+  const std::int64_t count_slack_;
+
+  EventPool events_;
+  Timeline device_timeline_;
+  StreamRegistry registry_;
+  SmallTier small_;
+  LargeTier large_;
+
+  std::mutex parked_mutex_;
+  std::vector<Parked> parked_;
+
+  // The raw-pointer API: pointer -> block, sharded to keep threads apart.
   static constexpr unsigned raw_shards = 64;
   struct alignas(64) RawShard {
     SpinLock lock;
@@ -325,15 +273,9 @@ class PoolCore {
   };
   std::unique_ptr<RawShard[]> raw_;
 
-  // Blocks used on several streams, waiting for their fences [parked_mutex_].
-  std::mutex parked_mutex_;
-  std::vector<Parked> parked_;
+  std::mutex reclaim_mutex_;  // one reclaimer at a time
+  std::atomic<std::size_t> stranded_bytes_{0};
 
-  // Events [event_mutex_].
-  std::mutex event_mutex_;
-  std::vector<cudaEvent_t> idle_events_;
-
-  // Pool-wide quantities.
   std::atomic<std::int64_t> requested_published_{0};
   std::atomic<std::int64_t> requested_peak_{0};
   std::atomic<std::int64_t> live_published_{0};
@@ -345,16 +287,19 @@ class PoolCore {
   std::atomic<std::uint64_t> device_frees_{0};
   std::atomic<std::uint64_t> oom_retries_{0};
 
-  // Captures with a CapturePool under way, by capture id [capture_mutex_].
-  std::mutex capture_mutex_;
-  std::unordered_map<CaptureId, CaptureBinding*> captures_;
-  // The owner of CapturePools' private ranges: counted like a stream, registered as none.
-  std::unique_ptr<StreamState> private_state_;
+  std::atomic<Gate*> gate_{nullptr};
+  std::unique_ptr<Gate> owned_gate_;
+  std::mutex gate_mutex_;
 
   // Lifetime: see orphan().
+  mutable std::mutex keepers_mutex_;
+  std::int64_t keepers_ = 0;   // [keepers_mutex_]
+  StreamCounters ranges_;      // ranges held by layers above [keepers_mutex_]
+  bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
 
-  friend class CaptureBinding;
+  friend class StreamRegistry;
+  friend void bury_dead_pools() noexcept;
 };
 
 }  // namespace streampool::detail

@@ -1,255 +1,250 @@
-// Getting memory back: the out-of-memory ladder, the device-synchronize reclaim, trim and
-// release_stream.
-#include "capture_guard.hpp"
+// Getting memory back: parked blocks, retired streams, the out-of-memory ladder, the
+// device-synchronize reclaim, trim and release_stream.
 #include "pool_core.hpp"
 
 #include <fmt/format.h>
 
-#include <unordered_map>
+#include <algorithm>
 
 namespace streampool::detail {
+namespace {
 
-std::vector<StreamState*> PoolCore::all_states() const {
-  std::lock_guard<std::mutex> registry(registry_mutex_);
-  std::vector<StreamState*> states;
-  states.reserve(states_.size());
-  for (const auto& state : states_) states.push_back(state.get());
-  return states;
+// Stranded memory (parked behind the device timeline: dropped on streams that are gone, or by
+// uses nothing else can fence) is reclaimed by a device synchronize once it passes this, or once
+// this many retired states wait to be recycled. A synchronize on the H200 costs the calling thread
+// the work in flight (tens of microseconds under the stress workload); other threads go on.
+constexpr std::size_t stranded_limit = std::size_t{64} << 20;
+constexpr std::size_t retired_limit = 256;
+
+}  // namespace
+
+void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
+  // Sorted out before either tier sees any: once a block is in the depot another thread may
+  // take it, or free its whole slab, so it is never read again here.
+  std::vector<Block*> small;
+  std::vector<Block*> large;
+  try {
+    for (Block* b : blocks) (b->large ? large : small).push_back(b);
+  } catch (const std::bad_alloc&) {
+    return;  // lost to reuse, never handed out early
+  }
+  if (!small.empty()) small_.put_clean(small);
+  if (!large.empty()) large_.put_clean(large);
 }
 
-bool PoolCore::reclaim(int step) noexcept {
+void PoolCore::drain_parked() noexcept {
+  // Learn first, with no lock of ours held: then take what is covered.
+  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    if (!s->fences.empty()) refresh(*s);
+    s->lock.unlock();
+  }
+  std::vector<Block*> clean;
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    for (std::size_t i = 0; i < parked_.size();) {
+      Parked& p = parked_[i];
+      std::erase_if(p.needs, [](const Need& need) { return covered(need); });
+      if (!p.needs.empty()) {
+        ++i;
+        continue;
+      }
+      try {
+        clean.push_back(p.block);
+      } catch (const std::bad_alloc&) {
+        break;
+      }
+      parked_[i] = std::move(parked_.back());
+      parked_.pop_back();
+    }
+  }
+  make_clean(clean);
+}
+
+void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
+  std::vector<Block*> blocks;
+  std::vector<Need> needs;
+  s.lock.lock();
+  // The last fence: everything dropped on s so far is covered by it. A stream whose handle went
+  // to another stream can be fenced by nothing: a virtual fence that the next device
+  // synchronize completes.
+  bool fenced = may_fence && s.addressable() && record_fence(s) != FenceResult::failed;
+  if (!fenced) {
+    const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
+    try {
+      s.fences.push_back({index, nullptr, device_timeline_.recorded.load(std::memory_order_acquire)});
+      s.timeline.recorded.store(index + 1, std::memory_order_release);
+      note_stranded(s.unfenced_bytes);
+      fenced = true;
+    } catch (const std::bad_alloc&) {
+      // No room for the virtual fence: the next device synchronize's own virtual fence (it puts
+      // one on every stream) takes this index instead.
+    }
+  }
+  const std::uint64_t recorded = s.timeline.recorded.load(std::memory_order_relaxed);
+  s.last_index = fenced ? recorded - 1 : recorded;
+  s.attention.fetch_or(retired, std::memory_order_relaxed);
+  s.attention.fetch_and(~wants_fence, std::memory_order_relaxed);
+  s.generation.fetch_add(1, std::memory_order_release);
+  s.unfenced_bytes = 0;
+  s.unfenced_since_ns = 0;
+  publish(s.counters, /*exact=*/true);
   try {
-    switch (step) {
-      case 0: {
-        for (StreamState* s : all_states()) {
-          s->lock.lock();
-          refresh_fences(*s);
-          s->lock.unlock();
-        }
-        drain_parked();
-        return true;
-      }
-      case 1: {
-        std::lock_guard<std::mutex> arena(arena_mutex_);
-        return release_free_segments(0) != 0;
-      }
-      case 2:
-        return synchronize_and_reclaim();
-      case 3: {
-        std::lock_guard<std::mutex> arena(arena_mutex_);
-        return release_free_segments(0) != 0;
-      }
+    blocks.reserve(s.free_blocks.load(std::memory_order_relaxed));
+    for (std::size_t c = 0; c < classes_.count(); ++c) {
+      while (Block* b = s.free[c].pop_front()) blocks.push_back(b);
     }
   } catch (const std::bad_alloc&) {
   }
-  return false;
+  s.set_free_blocks(0);
+  s.lock.unlock();
+  std::vector<Block*> clean;
+  for (Block* b : blocks) {
+    if (covered(b->need)) {
+      try {
+        clean.push_back(b);
+        continue;
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    try {
+      park(b, {b->need});
+    } catch (const std::bad_alloc&) {
+      // lost to reuse, never handed out early
+    }
+  }
+  make_clean(clean);
 }
 
 bool PoolCore::synchronize_and_reclaim() noexcept {
-  if (!unsafe_calls_allowed()) return false;
-  std::vector<StreamState*> states;
-  std::vector<std::uint64_t> boundary;
-  std::vector<Block*> clean;
-  try {
-    states = all_states();
-    boundary.resize(states.size());
-  } catch (const std::bad_alloc&) {
-    return false;
-  }
-  // A virtual fence on every stream: blocks dropped before it are covered by the synchronize
-  // below; blocks dropped after it (by other threads meanwhile) are not, and keep a later tag.
-  // A retired stream with no live buffer at its boundary can have no drop after it: once the
-  // synchronize is done, nothing of it is pending.
-  std::vector<char> idle(states.size(), 0);
-  for (std::size_t i = 0; i < states.size(); ++i) {
-    StreamState& s = *states[i];
-    s.lock.lock();
-    boundary[i] = s.fence_seq.load(std::memory_order_relaxed);
-    s.fence_seq.store(boundary[i] + 1, std::memory_order_release);
-    idle[i] = (s.attention.load(std::memory_order_relaxed) & retired) != 0 && s.counters.live == 0;
-    s.lock.unlock();
-  }
-  if (device_->device_synchronize() != cudaSuccess) return false;
-  for (std::size_t i = 0; i < states.size(); ++i) {
-    StreamState& s = *states[i];
-    s.lock.lock();
-    if (s.completed.load(std::memory_order_relaxed) < boundary[i] + 1) {
-      s.completed.store(boundary[i] + 1, std::memory_order_release);
-    }
-    while (!s.fences.empty() && s.fences.front().index <= boundary[i]) {
-      return_event(s.fences.front().event);
-      s.fences.pop_front();
-    }
-    if (idle[i] != 0) s.recyclable = true;
-    // Everything on the stream's lists is clean now: move it to the depot, where every stream
-    // (and the slab return below) can see it.
+  if (!calls_allowed(Restricted::device_sync)) return false;
+  std::lock_guard<std::mutex> reclaimer(reclaim_mutex_);
+  // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
+  // before the fence are covered; blocks other threads drop meanwhile get later needs, which
+  // the synchronize does not cover.
+  const std::uint64_t sync = device_timeline_.recorded.load(std::memory_order_relaxed);
+  device_timeline_.recorded.store(sync + 1, std::memory_order_release);
+  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    const std::uint64_t index = s->timeline.recorded.load(std::memory_order_relaxed);
     try {
-      for (BlockList& list : s.free) {
+      s->fences.push_back({index, nullptr, sync});
+      s->timeline.recorded.store(index + 1, std::memory_order_release);
+      s->unfenced_bytes = 0;
+      s->unfenced_since_ns = 0;
+    } catch (const std::bad_alloc&) {
+      // this stream's blocks wait for a later synchronize
+    }
+    s->lock.unlock();
+  }
+  stranded_bytes_.store(0, std::memory_order_relaxed);
+  if (device_->device_synchronize() != cudaSuccess) return false;
+  std::uint64_t done = device_timeline_.completed.load(std::memory_order_relaxed);
+  while (done < sync + 1 &&
+         !device_timeline_.completed.compare_exchange_weak(done, sync + 1,
+                                                            std::memory_order_acq_rel)) {
+  }
+
+  // Everything covered now leaves the streams' lists for the depot, where every stream (and the
+  // slab return below) sees it.
+  std::vector<Block*> clean;
+  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    refresh(*s);
+    std::size_t moved = 0;
+    try {
+      for (std::size_t c = 0; c < classes_.count(); ++c) {
+        BlockList& list = s->free[c];
         for (Block* b = list.head; b != nullptr;) {
           Block* next = b->next;
-          if (b->tag <= boundary[i]) {
-            list.remove(b);
+          if (covered(b->need)) {
             clean.push_back(b);
+            list.remove(b);
+            ++moved;
           }
           b = next;
         }
       }
     } catch (const std::bad_alloc&) {
     }
-    s.lock.unlock();
-  }
-  {
-    std::lock_guard<std::mutex> lock(parked_mutex_);
-    for (Parked& p : parked_) {
-      try {
-        clean.push_back(p.block);
-      } catch (const std::bad_alloc&) {
-      }
-    }
-    parked_.clear();
+    s->set_free_blocks(s->free_blocks.load(std::memory_order_relaxed) - moved);
+    s->lock.unlock();
   }
   make_clean(clean);
-  return_free_slabs();
-  {
-    std::lock_guard<std::mutex> arena(arena_mutex_);
-    coalesce_clean();
-  }
-  recycle_retired();
+  drain_parked();
+  small_.return_free_slabs();
+  large_.coalesce_covered();
+  STREAMPOOL_EXPENSIVE_ASSERT(consistent());
   return true;
 }
 
-void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
-  {
-    std::lock_guard<std::mutex> lock(depot_mutex_);
-    for (Block* b : blocks) {
-      if (b->large) continue;
-      b->state = nullptr;
-      depot_[b->size_class].push_front(b);
-    }
-  }
-  std::lock_guard<std::mutex> arena(arena_mutex_);
-  for (Block* b : blocks) {
-    if (!b->large) continue;
-    b->state = nullptr;
-    arena_free(b);
-  }
-}
-
-void PoolCore::return_free_slabs() noexcept {
-  // A slab goes back to the arena when every block of it is in the depot. Lock order: depot,
-  // then arena.
-  std::lock_guard<std::mutex> depot(depot_mutex_);
-  std::unordered_map<Slab*, std::size_t> in_depot;
-  try {
-    for (BlockList& list : depot_) {
-      for (Block* b = list.head; b != nullptr; b = b->next) ++in_depot[b->slab];
-    }
-  } catch (const std::bad_alloc&) {
+void PoolCore::reclaim_if_stranded() noexcept {
+  if (stranded_bytes_.load(std::memory_order_relaxed) < stranded_limit &&
+      registry_.retired_waiting() < retired_limit) {
     return;
   }
-  std::lock_guard<std::mutex> arena(arena_mutex_);
-  for (std::size_t i = 0; i < slabs_.size();) {
-    Slab& slab = *slabs_[i];
-    const auto found = in_depot.find(&slab);
-    if (found == in_depot.end() || found->second != slab.blocks.size()) {
-      ++i;
-      continue;
-    }
-    for (Block& b : slab.blocks) depot_[slab.size_class].remove(&b);
-    slab.range->state = nullptr;
-    arena_free(slab.range);
-    slabs_[i] = std::move(slabs_.back());
-    slabs_.pop_back();
-  }
+  synchronize_and_reclaim();
 }
 
-void PoolCore::recycle_retired() noexcept {
-  std::lock_guard<std::mutex> registry(registry_mutex_);
-  for (const auto& state : states_) {
-    StreamState& s = *state;
-    if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) continue;
-    s.lock.lock();
-    bool empty = s.recyclable && s.counters.live == 0 && s.fences.empty();
-    for (const BlockList& list : s.free) empty = empty && list.empty();
-    if (empty) {
-      // Not yet recycled (a recycled state is registered again, which clears `retired`).
-      bool listed = false;
-      for (StreamState* r : recycled_) listed = listed || r == &s;
-      if (!listed) {
-        try {
-          recycled_.push_back(&s);
-        } catch (const std::bad_alloc&) {
-        }
-      }
-    }
-    s.lock.unlock();
+bool PoolCore::reclaim(int step) noexcept {
+  switch (step) {
+    case 0:
+      drain_parked();
+      return true;
+    case 1:
+    case 3:
+      return large_.release_free_segments(0) != 0;
+    case 2:
+      return synchronize_and_reclaim();
   }
+  return false;
 }
 
 void PoolCore::release_stream(cudaStream_t stream) {
+  refuse_if_gated(*device_, stream, "release_stream");  // before asking the id (gate.hpp)
   StreamId id = 0;
   throw_on_cuda_error(device_->stream_id(stream, &id), "release_stream: cudaStreamGetId");
-  StreamState* s = nullptr;
-  {
-    std::lock_guard<std::mutex> registry(registry_mutex_);
-    const auto found = by_id_.find(id);
-    if (found == by_id_.end()) return;  // never seen, or already released
-    s = found->second;
-    by_id_.erase(found);
-    const auto handle = by_handle_.find(stream);
-    if (handle != by_handle_.end() && handle->second == s) by_handle_.erase(handle);
-    s->lock.lock();
-    s->attention.fetch_or(retired, std::memory_order_relaxed);
-    s->generation.fetch_add(1, std::memory_order_release);
-    s->lock.unlock();
-  }
-  // A last fence covers everything dropped on the stream; wait for it, and its blocks are clean.
+  StreamState* s = registry_.release(stream, id);
+  if (s == nullptr) return;  // never seen, or already released
+  // Its last fence covers everything dropped on it: wait for it where that is allowed now, and
+  // its blocks are clean at once; otherwise they come back when the fence completes.
   s->lock.lock();
-  const std::uint64_t last = s->fence_seq.load(std::memory_order_relaxed);
-  // With no live buffer now, no drop can come after this fence (the stream is retired).
-  const bool idle = s->counters.live == 0;
-  const FenceResult fenced = s->addressable() ? record_fence(*s) : FenceResult::failed;
-  cudaEvent_t event = fenced == FenceResult::recorded ? fence_event(*s, last) : nullptr;
+  const Fence* last = fence_at(*s, s->last_index);
+  cudaEvent_t event = last != nullptr && last->index == s->last_index ? last->event : nullptr;
   s->lock.unlock();
-  if (event != nullptr && device_->event_synchronize(event) != cudaSuccess) event = nullptr;
-  if (fenced == FenceResult::failed || (fenced == FenceResult::recorded && event == nullptr)) {
-    return;  // its blocks stay until a device synchronize (trim, out of memory)
-  }
-  std::vector<Block*> clean;
-  s->lock.lock();
-  s->completed.store(last + 1, std::memory_order_release);
-  while (!s->fences.empty() && s->fences.front().index <= last) {
-    return_event(s->fences.front().event);
-    s->fences.pop_front();
-  }
-  // Only what the fence covers: a buffer still alive at the fence may have been dropped since
-  // (another thread), after work the fence does not cover.
-  for (BlockList& list : s->free) {
-    for (Block* b = list.head; b != nullptr;) {
-      Block* next = b->next;
-      if (b->tag <= last) {
-        list.remove(b);
-        clean.push_back(b);
-      }
-      b = next;
-    }
-  }
-  if (idle) s->recyclable = true;
-  s->lock.unlock();
-  make_clean(clean);
-  recycle_retired();
+  if (event != nullptr && calls_allowed(Restricted::event_wait)) device_->event_synchronize(event);
+  drain_parked();
 }
 
 void PoolCore::trim(std::size_t bytes_to_keep) {
+  if (Gate* gate = gate_.load(std::memory_order_acquire)) gate->safe_point();
   synchronize_and_reclaim();
-  std::lock_guard<std::mutex> arena(arena_mutex_);
-  release_free_segments(bytes_to_keep);
+  large_.release_free_segments(bytes_to_keep);
+}
+
+Block* PoolCore::take_range(std::size_t bytes, std::error_code& error) noexcept {
+  const std::size_t rounded = large_.round(bytes, error);
+  if (rounded == 0) return nullptr;
+  const auto attempt = [&]() -> Block* {
+    if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
+    drain_parked();
+    if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
+    return large_.grow(rounded, error);
+  };
+  Block* range = with_reclaim(attempt, error);
+  if (range != nullptr) count_range(*range, true);
+  return range;
+}
+
+void PoolCore::return_range(Block* range, std::vector<Need> needs) noexcept {
+  count_range(*range, false);
+  settle(range, needs);
 }
 
 std::string PoolCore::out_of_memory_message(std::size_t bytes, cudaStream_t stream) {
   std::size_t device_free = 0;
   std::size_t device_total = 0;
-  const bool known = unsafe_calls_allowed() &&
+  const bool known = calls_allowed(Restricted::free) &&
                      device_->mem_get_info(&device_free, &device_total) == cudaSuccess;
   const PoolStats now = stats();
   const std::int64_t cached = now.reserved_bytes.current - now.requested_bytes.current;

@@ -1,114 +1,142 @@
-// The slow path of small blocks, taken when a stream's own list of the class is empty:
-//
-//   1. the depot: clean blocks, safe on any stream;
-//   2. other streams' lists: blocks whose fence has completed (or, with cross_stream_wait, whose
-//      fence is recorded: this stream then waits on it); a stream with only unfenced blocks is
-//      asked to record a fence at its next call;
-//   3. a new slab from the arena: its first block for this allocation, the rest to the depot;
-//   4. the out-of-memory ladder (reclaim.cpp), then 1-3 again.
-//
-// Blocks taken in bulk (from the depot or another stream) go to this stream's list, tagged as if
-// dropped here now: safe here at once, and for others after this stream's next fence.
+#include "small_tier.hpp"
+
 #include "pool_core.hpp"
 
 #include <streampool/error.hpp>
+
+#include <unordered_map>
 
 namespace streampool::detail {
 namespace {
 constexpr std::size_t batch = 16;  // blocks moved to a stream's list per depot visit or steal
 }
 
-Block* PoolCore::allocate_small_slow(StreamState& s, std::uint32_t size_class,
-                                     std::error_code& error) noexcept {
+SmallTier::SmallTier(PoolCore& pool, const PoolOptions& options, std::size_t classes)
+    : pool_(pool), options_(options), depot_(classes) {}
+
+Block* SmallTier::take(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept {
   s.lock.lock();
+  if (Block* b = s.free[size_class].pop_front()) {  // the fast path left it for a slow reason
+    s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+    PoolCore::reused_here(s, *b, b->size);
+    ++s.counters.hits;
+    s.lock.unlock();
+    return b;
+  }
   ++s.counters.misses;
   s.lock.unlock();
   const auto attempt = [&]() -> Block* {
-    if (Block* b = take_from_depot(s, size_class)) return b;
+    if (Block* b = from_depot(s, size_class)) return b;
     if (Block* b = steal(s, size_class)) return b;
-    drain_parked();
-    if (Block* b = take_from_depot(s, size_class)) return b;
-    return carve_slab(size_class, error);
+    pool_.drain_parked();
+    if (Block* b = from_depot(s, size_class)) return b;
+    return carve(size_class, error);
   };
-  return with_reclaim(attempt, error);
+  return pool_.with_reclaim(attempt, error);
 }
 
-Block* PoolCore::take_from_depot(StreamState& s, std::uint32_t size_class) noexcept {
+Block* SmallTier::from_depot(StreamState& s, std::uint32_t size_class) noexcept {
   Block* taken[batch];
   std::size_t n = 0;
   {
     std::lock_guard<std::mutex> lock(depot_mutex_);
     BlockList& list = depot_[size_class];
-    while (n < batch && !list.empty()) taken[n++] = list.pop_front();
+    while (n < batch && !list.empty()) {
+      Block* b = list.pop_front();
+      --b->slab->in_depot;
+      taken[n++] = b;
+    }
   }
   if (n == 0) return nullptr;
   s.lock.lock();
-  for (std::size_t i = 1; i < n; ++i) put_back(s, taken[i]);
+  const bool keeps = (s.attention.load(std::memory_order_relaxed) & retired) == 0;
+  if (keeps) {
+    // Clean: they stay clean on s's list, so that other streams may still take them.
+    for (std::size_t i = 1; i < n; ++i) s.free[size_class].push_back(taken[i]);
+    s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + (n - 1));
+  }
   s.lock.unlock();
+  if (!keeps) {
+    std::lock_guard<std::mutex> lock(depot_mutex_);
+    for (std::size_t i = 1; i < n; ++i) {
+      depot_[size_class].push_front(taken[i]);
+      ++taken[i]->slab->in_depot;
+    }
+  }
   return taken[0];
 }
 
-Block* PoolCore::steal(StreamState& s, std::uint32_t size_class) noexcept {
-  std::vector<StreamState*> others;
-  try {
-    std::lock_guard<std::mutex> registry(registry_mutex_);
-    others.reserve(states_.size());
-    for (const auto& state : states_) {
-      if (state.get() != &s) others.push_back(state.get());
-    }
-  } catch (const std::bad_alloc&) {
-    return nullptr;
-  }
+Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
   Block* taken[batch];
   std::size_t n = 0;
-  for (StreamState* other : others) {
+  bool waited = false;  // s waits on the other stream's fence: the blocks are safe on s only
+  for (StreamState* other = pool_.registry().first(); other != nullptr && n == 0;
+       other = other->next_state) {
+    if (other == &s || other->free_blocks.load(std::memory_order_relaxed) == 0) continue;
     other->lock.lock();
     BlockList& list = other->free[size_class];
     if (list.empty()) {
       other->lock.unlock();
       continue;
     }
-    if (list.tail->tag >= other->completed.load(std::memory_order_relaxed)) {
-      refresh_fences(*other);
-    }
-    // Oldest blocks first: their fences are the likeliest to have completed.
-    while (n < batch && !list.empty() &&
-           list.tail->tag < other->completed.load(std::memory_order_relaxed)) {
+    if (!covered(list.tail->need)) pool_.refresh(*other);
+    // Oldest first: their fences are the likeliest to have completed.
+    while (n < batch && !list.empty() && covered(list.tail->need)) {
       Block* b = list.tail;
       list.remove(b);
       taken[n++] = b;
     }
-    if (n == 0 && options_.cross_stream_wait && s.addressable() &&
-        list.tail->tag < other->fence_seq.load(std::memory_order_relaxed)) {
+    const Need oldest = list.empty() ? Need{} : list.tail->need;
+    if (n == 0 && pool_.options().cross_stream_wait && s.addressable() &&
+        oldest.index < other->timeline.recorded.load(std::memory_order_relaxed)) {
       // The fence is recorded but still pending: wait on it on the GPU rather than grow.
-      const std::uint64_t tag = list.tail->tag;
-      cudaEvent_t event = fence_event(*other, tag);
-      if (event != nullptr && device_->stream_wait_event(s.handle, event) == cudaSuccess) {
-        while (n < batch && !list.empty() && list.tail->tag <= tag) {
+      const Fence* fence = pool_.fence_at(*other, oldest.index);
+      if (fence != nullptr && pool_.device().stream_wait_event(s.handle, fence->event) == cudaSuccess) {
+        while (n < batch && !list.empty() && list.tail->need.index <= fence->index) {
           Block* b = list.tail;
           list.remove(b);
           taken[n++] = b;
         }
+        waited = true;
       }
     }
     if (n == 0 && (other->attention.load(std::memory_order_relaxed) & retired) == 0 &&
-        list.tail->tag >= other->fence_seq.load(std::memory_order_relaxed)) {
+        oldest.index >= other->timeline.recorded.load(std::memory_order_relaxed)) {
       // Unfenced: only the stream's own next call may record its fence. Ask for one.
       other->attention.fetch_or(wants_fence, std::memory_order_relaxed);
     }
+    other->set_free_blocks(other->free_blocks.load(std::memory_order_relaxed) - n);
     other->lock.unlock();
-    if (n != 0) break;
   }
   if (n == 0) return nullptr;
   s.lock.lock();
   s.counters.cross_stream += n;
-  for (std::size_t i = 1; i < n; ++i) put_back(s, taken[i]);
+  const bool keeps = (s.attention.load(std::memory_order_relaxed) & retired) == 0;
+  if (keeps) {
+    for (std::size_t i = 1; i < n; ++i) {
+      Block* b = taken[i];
+      // Covered blocks are clean; waited-for ones are safe on s, and on others after s's next
+      // fence (which follows the wait).
+      b->need = waited ? s.need_now() : Need{};
+      s.free[size_class].push_back(b);
+    }
+    s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + (n - 1));
+  }
   s.lock.unlock();
+  if (!keeps) {
+    for (std::size_t i = 1; i < n; ++i) {
+      try {
+        pool_.settle(taken[i], {taken[i]->need});
+      } catch (const std::bad_alloc&) {
+        // lost to reuse rather than risk handing it out early
+      }
+    }
+  }
   return taken[0];
 }
 
-Block* PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) noexcept {
-  const std::size_t block = classes_.block_size(size_class);
+Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexcept {
+  const std::size_t block = pool_.classes().block_size(size_class);
   const std::size_t per_slab = options_.slab_bytes > block ? options_.slab_bytes / block : 1;
   const std::size_t rounding = options_.large_rounding;
   const std::size_t range_bytes = (per_slab * block + rounding - 1) / rounding * rounding;
@@ -121,35 +149,98 @@ Block* PoolCore::carve_slab(std::uint32_t size_class, std::error_code& error) no
     error = make_error_code(Errc::out_of_memory);
     return nullptr;
   }
+  Block* range = pool_.large().find(nullptr, range_bytes, nullptr);
+  if (range == nullptr) range = pool_.large().grow(range_bytes, error);
+  if (range == nullptr) return nullptr;
+  range->is_slab = true;
+  slab->range = range;
+  std::byte* ptr = range->ptr;
+  for (Block& b : slab->blocks) {
+    b.ptr = ptr;
+    b.size = block;
+    b.size_class = size_class;
+    b.slab = slab.get();
+    ptr += block;
+  }
   Slab* raw = slab.get();
   {
-    std::lock_guard<std::mutex> arena(arena_mutex_);
-    Block* range = arena_take(nullptr, range_bytes, error);
-    if (range == nullptr) return nullptr;
-    range->is_slab = true;
-    raw->range = range;
+    std::lock_guard<std::mutex> lock(depot_mutex_);
     try {
       slabs_.push_back(std::move(slab));
     } catch (const std::bad_alloc&) {
       range->is_slab = false;
-      arena_free(range);
+      pool_.large().put(range, {});
       error = make_error_code(Errc::out_of_memory);
       return nullptr;
     }
+    // The first block is the caller's: other threads may empty the depot before it looks there.
+    for (std::size_t i = 1; i < raw->blocks.size(); ++i) depot_[size_class].push_back(&raw->blocks[i]);
+    raw->in_depot = raw->blocks.size() - 1;
   }
-  std::byte* ptr = raw->range->ptr;
-  for (Block& b : raw->blocks) {
-    b.ptr = ptr;
-    b.size = block;
-    b.size_class = size_class;
-    b.slab = raw;
-    b.state = nullptr;
-    ptr += block;
-  }
-  // The first block is the caller's: other threads may empty the depot before it looks there.
-  std::lock_guard<std::mutex> lock(depot_mutex_);
-  for (std::size_t i = 1; i < raw->blocks.size(); ++i) depot_[size_class].push_back(&raw->blocks[i]);
   return &raw->blocks[0];
+}
+
+void SmallTier::put_clean(const std::vector<Block*>& blocks) noexcept {
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  for (Block* b : blocks) {
+    STREAMPOOL_ASSERT(!b->large);
+    b->need = {};
+    b->free = true;
+    depot_[b->size_class].push_front(b);
+    ++b->slab->in_depot;
+  }
+}
+
+void SmallTier::return_free_slabs() noexcept {
+  std::vector<Block*> ranges;
+  {
+    std::lock_guard<std::mutex> lock(depot_mutex_);
+    for (std::size_t i = 0; i < slabs_.size();) {
+      Slab& slab = *slabs_[i];
+      if (slab.in_depot != slab.blocks.size()) {
+        ++i;
+        continue;
+      }
+      try {
+        ranges.push_back(slab.range);
+      } catch (const std::bad_alloc&) {
+        break;
+      }
+      for (Block& b : slab.blocks) depot_[slab.size_class].remove(&b);
+      slab.range->is_slab = false;
+      slabs_[i] = std::move(slabs_.back());
+      slabs_.pop_back();  // frees the blocks: none is anywhere but the depot, which we hold
+    }
+  }
+  pool_.large().put_clean(ranges);
+}
+
+std::size_t SmallTier::depot_blocks() noexcept {
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  std::size_t n = 0;
+  for (const BlockList& list : depot_) n += list.count;
+  return n;
+}
+
+bool SmallTier::consistent() noexcept {
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  for (std::size_t c = 0; c < depot_.size(); ++c) {
+    std::size_t n = 0;
+    for (const Block* b = depot_[c].head; b != nullptr; b = b->next, ++n) {
+      if (b->size_class != c || !b->free || b->need.timeline != nullptr || b->large) return false;
+    }
+    if (n != depot_[c].count) return false;
+  }
+  std::unordered_map<const Slab*, std::size_t> in_depot;
+  for (const BlockList& list : depot_) {
+    for (const Block* b = list.head; b != nullptr; b = b->next) ++in_depot[b->slab];
+  }
+  for (const auto& slab : slabs_) {
+    const auto it = in_depot.find(slab.get());
+    if ((it == in_depot.end() ? 0 : it->second) != slab->in_depot) return false;
+    if (!slab->range->is_slab) return false;
+  }
+  return true;
 }
 
 }  // namespace streampool::detail

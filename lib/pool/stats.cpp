@@ -5,8 +5,9 @@
 // thread writing one cache line. Instead each stream publishes its contribution: it adds to the
 // shared sums only when its own value rises above what it last published, or falls more than two
 // granules below it. The published sum is never below the true sum and at most two granules per
-// stream above it; with a single stream the peak is exact (a rise publishes the exact value), and
-// with stats_granule = 0 it is always exact.
+// stream that is registered or holds live buffers above it (a retired stream publishes its exact
+// values); with a single stream the peak is exact (a rise publishes the exact value), and with
+// stats_granule = 0 it is always exact.
 #include "pool_core.hpp"
 
 #include <fmt/format.h>
@@ -22,7 +23,7 @@ void raise_peak(std::atomic<std::int64_t>& peak, std::int64_t value) noexcept {
 
 void publish_one(std::int64_t value, std::int64_t& published, std::int64_t slack,
                  std::atomic<std::int64_t>& sum, std::atomic<std::int64_t>& peak) noexcept {
-  if (value <= published && published - value <= slack) return;
+  if (value == published || (value < published && published - value <= slack)) return;
   const std::int64_t delta = value - published;
   published = value;
   const std::int64_t now = sum.fetch_add(delta, std::memory_order_relaxed) + delta;
@@ -31,10 +32,26 @@ void publish_one(std::int64_t value, std::int64_t& published, std::int64_t slack
 
 }  // namespace
 
-void PoolCore::publish(StreamCounters& c) noexcept {
-  publish_one(c.requested, c.requested_published, byte_slack_, requested_published_,
+void PoolCore::publish(StreamCounters& c, bool exact) noexcept {
+  publish_one(c.requested, c.requested_published, exact ? 0 : byte_slack_, requested_published_,
               requested_peak_);
-  publish_one(c.live, c.live_published, count_slack_, live_published_, live_peak_);
+  publish_one(c.live, c.live_published, exact ? 0 : count_slack_, live_published_, live_peak_);
+}
+
+void PoolCore::count_range(const Block& range, bool taken) noexcept {
+  std::lock_guard<std::mutex> lock(keepers_mutex_);
+  const auto bytes = static_cast<std::int64_t>(range.size);
+  StreamCounters& c = ranges_;
+  if (taken) {
+    c.requested += bytes;
+    c.requested_total += bytes;
+    ++c.live;
+    ++c.live_total;
+  } else {
+    c.requested -= bytes;
+    --c.live;
+  }
+  publish(c, /*exact=*/true);
 }
 
 void PoolCore::count_device_allocation(std::size_t bytes) noexcept {
@@ -51,24 +68,26 @@ void PoolCore::count_device_free(std::size_t bytes) noexcept {
 
 PoolStats PoolCore::stats() const {
   PoolStats s;
+  for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
+    state->lock.lock();
+    const StreamCounters& c = state->counters;
+    s.requested_bytes.current += c.requested;
+    s.requested_bytes.total += c.requested_total;
+    s.live_allocations.current += c.live;
+    s.live_allocations.total += c.live_total;
+    s.cache_hits += c.hits;
+    s.cache_misses += c.misses;
+    s.fences_recorded += c.fences;
+    s.cross_stream_reuses += c.cross_stream;
+    s.blocking_fallbacks += c.blocking;
+    state->lock.unlock();
+  }
   {
-    std::lock_guard<std::mutex> registry(registry_mutex_);
-    const auto add = [&s](StreamState& state) {
-      state.lock.lock();
-      const StreamCounters& c = state.counters;
-      s.requested_bytes.current += c.requested;
-      s.requested_bytes.total += c.requested_total;
-      s.live_allocations.current += c.live;
-      s.live_allocations.total += c.live_total;
-      s.cache_hits += c.hits;
-      s.cache_misses += c.misses;
-      s.fences_recorded += c.fences;
-      s.cross_stream_reuses += c.cross_stream;
-      s.blocking_fallbacks += c.blocking;
-      state.lock.unlock();
-    };
-    for (const auto& state : states_) add(*state);
-    add(*private_state_);
+    std::lock_guard<std::mutex> lock(keepers_mutex_);
+    s.requested_bytes.current += ranges_.requested;
+    s.requested_bytes.total += ranges_.requested_total;
+    s.live_allocations.current += ranges_.live;
+    s.live_allocations.total += ranges_.live_total;
   }
   s.requested_bytes.peak = std::max(requested_peak_.load(), s.requested_bytes.current);
   s.live_allocations.peak = std::max(live_peak_.load(), s.live_allocations.current);

@@ -1,12 +1,14 @@
 #include "capture_guard.hpp"
 
+#include "../pool/gate.hpp"
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
 
 namespace streampool::detail {
 
-std::atomic<int> pooled_captures{0};
+std::atomic<int> gate_engagements{0};
 
 namespace {
 
@@ -27,18 +29,18 @@ PerThread& per_thread() {
 }  // namespace
 
 void note_capture_begin(CaptureMode mode, std::thread::id thread) {
-  pooled_captures.fetch_add(1, std::memory_order_acq_rel);
-  if (mode == CaptureMode::global) {
-    global_captures.fetch_add(1);
-  } else if (mode == CaptureMode::thread_local_) {
+  if (mode == CaptureMode::thread_local_) {
     std::lock_guard<std::mutex> lock(per_thread().mutex);
     ++per_thread().count[thread];
     thread_local_captures.fetch_add(1);
+  } else if (mode == CaptureMode::global) {
+    global_captures.fetch_add(1);
   }
+  gate_engagements.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
-  pooled_captures.fetch_sub(1, std::memory_order_acq_rel);
+  gate_engagements.fetch_sub(1, std::memory_order_acq_rel);
   if (mode == CaptureMode::global) {
     global_captures.fetch_sub(1);
   } else if (mode == CaptureMode::thread_local_) {
@@ -49,7 +51,10 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
   }
 }
 
-bool unsafe_calls_allowed_here() noexcept {
+bool calls_allowed(Restricted call) noexcept {
+  if (call == Restricted::device_sync || call == Restricted::free) {
+    return gate_engagements.load(std::memory_order_acquire) == 0;
+  }
   if (global_captures.load(std::memory_order_acquire) != 0) return false;
   if (thread_local_captures.load(std::memory_order_acquire) == 0) return true;
   std::lock_guard<std::mutex> lock(per_thread().mutex);

@@ -1,0 +1,51 @@
+// CaptureGate: the capture layer's side of the pool's gate (lib/pool/gate.hpp), one per pool.
+//
+// It knows which captures and streams are bound to which CapturePool (through its binding):
+// an allocation during a capture looks the capture id up, a drop on a bound stream finds the
+// binding by the stream's handle (a handle being captured is alive, so it names one stream).
+#pragma once
+
+#include "capture_binding.hpp"
+
+#include "../pool/gate.hpp"
+#include "../pool/pool_core.hpp"
+
+#include <mutex>
+#include <unordered_map>
+
+namespace streampool::detail {
+
+class CaptureGate final : public Gate {
+ public:
+  explicit CaptureGate(PoolCore& core) noexcept : core_(core) {}
+
+  // The pool's gate, installed on first use.
+  static CaptureGate& of(PoolCore& core);
+
+  // Binds `stream` (false: another binding has it) and, once the capture has begun, its id.
+  bool bind_stream(cudaStream_t stream, CaptureBinding* binding);
+  void bind_capture(CaptureId id, CaptureBinding* binding);
+  void unbind(cudaStream_t stream, CaptureId id) noexcept;
+
+  Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
+                  std::error_code& error) noexcept override;
+  bool take_drop(Block* block, cudaStream_t stream,
+                 const std::vector<RecordedStream>& uses) noexcept override;
+  StreamState* bound_state(cudaStream_t stream) noexcept override;
+  void safe_point() noexcept override;
+  void closing() noexcept override;
+
+ private:
+  CaptureBinding* by_stream(cudaStream_t stream) noexcept;
+
+  PoolCore& core_;
+  std::mutex mutex_;
+  std::unordered_map<CaptureId, CaptureBinding*> by_capture_;
+  std::unordered_map<cudaStream_t, CaptureBinding*> by_stream_;
+};
+
+// Graph releases queued by CUDA user objects (see capture_pool.cpp), completed for one pool's
+// CapturePools only, or for all.
+void complete_graph_releases_of(const PoolCore* core) noexcept;
+
+}  // namespace streampool::detail

@@ -1,0 +1,147 @@
+// Allocation: the fast path and the slow path.
+//
+// The fast path is what the data model is for: the stream's lookup (a thread-local cache, plus
+// what StreamChecks asks CUDA), one uncontended lock, a list pop and the counters. No other lock,
+// no device call beyond the lookup's, no write to memory another thread writes on its own fast
+// path. Everything else (an empty list, a large request, a stream that needs attention) is the
+// slow path.
+#include "pool_core.hpp"
+
+namespace streampool::detail {
+
+Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept {
+  if (bytes == 0) {
+    error = make_error_code(Errc::invalid_value);
+    return nullptr;
+  }
+  const StreamRegistry::Found found = registry_.find(stream, error);
+  if (found.state == nullptr) {
+    if (!error) return allocate_gated(bytes, stream, found.gate, error);
+    // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()).
+    if (error == gate_invalidated()) error = ungated();
+    return nullptr;
+  }
+  StreamState& s = *found.state;
+  if (!classes_.is_large(bytes)) {
+    const std::uint32_t size_class = classes_.class_of(bytes);
+    s.lock.lock();
+    if (s.attention.load(std::memory_order_relaxed) == 0 &&
+        s.generation.load(std::memory_order_relaxed) == found.generation) {
+      if (Block* b = s.free[size_class].pop_front()) {
+        s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+        reused_here(s, *b, b->size);
+        ++s.counters.hits;
+        count_allocation(s, b, bytes);
+        s.lock.unlock();
+        return b;
+      }
+    }
+    s.lock.unlock();
+  }
+  return allocate_slow(s, found.generation, bytes, stream, error);
+}
+
+void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept {
+  STREAMPOOL_ASSERT(b->requested == 0 && b->recorded == nullptr);
+  b->home = &s;
+  b->home_generation = s.generation.load(std::memory_order_relaxed);
+  if (!b->large) b->free = false;  // a large range's flag is the arena's, under its mutex
+  b->requested = bytes;
+  StreamCounters& c = s.counters;
+  c.requested += static_cast<std::int64_t>(bytes);
+  c.requested_total += static_cast<std::int64_t>(bytes);
+  ++c.live;
+  ++c.live_total;
+  if (c.requested > c.requested_published || c.live > c.live_published) publish(c);
+}
+
+Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
+                               cudaStream_t stream, std::error_code& error) noexcept {
+  s.lock.lock();
+  if (!s.current(generation)) {
+    // Retired since the lookup (release_stream, or its handle seen with a new id): look again.
+    s.lock.unlock();
+    const StreamRegistry::Found again = registry_.find(stream, error);
+    if (again.state == nullptr) {
+      return error ? nullptr : allocate_gated(bytes, stream, again.gate, error);
+    }
+    return allocate_slow(*again.state, again.generation, bytes, stream, error);
+  }
+  if ((s.attention.load(std::memory_order_relaxed) & gated) != 0) {
+    s.lock.unlock();
+    const GateStatus status = gate_status(*device_, stream);
+    if (status.error != cudaSuccess) {
+      error = make_error_code(errc_from_cuda(status.error));
+      return nullptr;
+    }
+    if (status.capturing()) return allocate_gated(bytes, stream, status, error);
+    s.lock.lock();  // gated, but no longer: an ordinary allocation
+  }
+  // Pinned: the state is not recycled before this allocation counts itself on it.
+  ++s.pins;
+  fence_if_asked(s);
+  if (s.unfenced_since_ns != 0 && policy_.unfenced_ns > 0 && s.addressable() &&
+      now_ns() - s.unfenced_since_ns > policy_.unfenced_ns) {
+    record_fence(s);  // the time bound, on a slow path of the stream
+  }
+  s.lock.unlock();
+
+  reclaim_if_stranded();
+  Block* b = nullptr;
+  if (classes_.is_large(bytes)) {
+    b = allocate_large(s, bytes, error);
+  } else {
+    b = small_.take(s, classes_.class_of(bytes), error);
+  }
+  s.lock.lock();
+  --s.pins;
+  if (b != nullptr) count_allocation(s, b, bytes);
+  s.lock.unlock();
+  return b;
+}
+
+Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
+  const std::size_t rounded = large_.round(bytes, error);
+  if (rounded == 0) return nullptr;
+  bool grew = false;
+  Need was;  // the need the range had: s's own unfenced range is no longer unfenced
+  const auto attempt = [&]() -> Block* {
+    if (Block* range = large_.find(&s, rounded, &was)) return range;
+    // Before growing: parked blocks may be clean by now, and other streams' ranges may be covered
+    // by fences that completed, or could be by a fence they are asked for now.
+    drain_parked();
+    large_.ask_owners(s);
+    if (Block* range = large_.find(&s, rounded, &was)) return range;
+    Block* range = large_.grow(rounded, error);
+    grew = range != nullptr;
+    return range;
+  };
+  Block* range = with_reclaim(attempt, error);
+  if (range == nullptr) return nullptr;
+  s.lock.lock();
+  if (grew) ++s.counters.misses;
+  else ++s.counters.hits;
+  Block own;
+  own.need = was;
+  reused_here(s, own, rounded);
+  s.lock.unlock();
+  return range;
+}
+
+Block* PoolCore::allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
+                                std::error_code& error) noexcept {
+  if (status.invalidated()) {
+    error = gate_invalidated();
+    return nullptr;
+  }
+  Gate* gate = gate_.load(std::memory_order_acquire);
+  if (gate == nullptr) {
+    // Any block handed out would be baked into a graph the pool knows nothing of, and a device
+    // allocation could invalidate it. Refuse, touching nothing.
+    error = ungated();
+    return nullptr;
+  }
+  return gate->allocate(bytes, stream, status, error);
+}
+
+}  // namespace streampool::detail

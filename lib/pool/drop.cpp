@@ -1,0 +1,205 @@
+// The one drop: every way a block comes back to the pool (docs/design.md, "The one drop").
+//
+//   1. its uses: the drop's stream and the streams record_stream named, each with the generation
+//      it was seen at (a state retired or recycled since is a lost use);
+//   2. the gate, for memory a layer above owns or a drop on a stream it has bound;
+//   3. placement: one live use -> that stream's list, or the arena owned by it, and the fence
+//      policy; otherwise a fence on each live use, a device-timeline need for each lost one, and
+//      the block is parked until every need is covered.
+//
+// The fast path (the top of drop()) is case 3 for a small block dropped on its own stream: one
+// lock, a push and the counters, no device call and no other lock.
+#include "pool_core.hpp"
+
+#include <algorithm>
+
+namespace streampool::detail {
+
+void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
+  StreamState& s = *b->home;
+  if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
+    s.lock.lock();
+    if (s.attention.load(std::memory_order_relaxed) == 0 &&
+        s.generation.load(std::memory_order_relaxed) == b->home_generation &&
+        s.unfenced_bytes + b->size < s.unfenced_limit) {
+      const bool orphaned = count_release(s, b);
+      b->free = true;
+      b->need = s.need_now();
+      s.free[b->size_class].push_front(b);
+      s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + 1);
+      if (dropped_here(s, b->size) && s.addressable()) record_fence(s);  // the time bound
+      s.lock.unlock();
+      if (orphaned) count_down();
+      return;
+    }
+    s.lock.unlock();
+  }
+
+  drop_slow(b, stream, uses_of(b));
+}
+
+void PoolCore::drop_slow(Block* b, cudaStream_t stream,
+                         const std::vector<RecordedStream>& uses) noexcept {
+  if (Gate* gate = gate_.load(std::memory_order_acquire);
+      gate != nullptr && (b->keeper != nullptr || gate_engaged()) &&
+      gate->take_drop(b, stream, uses)) {
+    return;
+  }
+  StreamState& s = *b->home;
+  s.lock.lock();
+  const bool orphaned = count_release(s, b);
+  s.lock.unlock();
+  place(b, uses);
+  if (orphaned) count_down();  // last: it may destroy the core
+}
+
+std::vector<RecordedStream> PoolCore::uses_of(Block* b) noexcept {
+  std::vector<RecordedStream> uses;
+  try {
+    uses.reserve(1 + (b->recorded != nullptr ? b->recorded->size() : 0));
+    uses.push_back({b->home, b->home_generation});
+    if (b->recorded != nullptr) uses.insert(uses.end(), b->recorded->begin(), b->recorded->end());
+  } catch (const std::bad_alloc&) {
+    uses.clear();  // no room to name them: every use is lost, only a device synchronize covers it
+  }
+  delete b->recorded;
+  b->recorded = nullptr;
+  return uses;
+}
+
+void PoolCore::count_drop(Block* b) noexcept {
+  StreamState& s = *b->home;
+  s.lock.lock();
+  const bool orphaned = count_release(s, b);
+  s.lock.unlock();
+  if (orphaned) count_down();
+}
+
+void PoolCore::place(Block* b, const std::vector<RecordedStream>& uses) noexcept {
+  b->home = nullptr;
+  if (uses.size() == 1 && uses.front().state != nullptr) {
+    StreamState& u = *uses.front().state;
+    u.lock.lock();
+    if (u.current(uses.front().generation)) {
+      keep_on(u, b);  // unlocks
+      return;
+    }
+    u.lock.unlock();
+  }
+  settle(b, fence_uses(uses));
+}
+
+void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
+  b->need = u.need_now();
+  if (!b->large) {
+    b->free = true;
+    u.free[b->size_class].push_front(b);
+    u.set_free_blocks(u.free_blocks.load(std::memory_order_relaxed) + 1);
+  }
+  if (dropped_here(u, b->size) && u.addressable()) record_fence(u);
+  const Need need = b->need;
+  u.lock.unlock();
+  if (b->large) large_.put(b, need);
+}
+
+Need PoolCore::fence_now(StreamState& s) noexcept {
+  s.lock.lock();
+  Need need = s.need_now();
+  if ((s.attention.load(std::memory_order_relaxed) & retired) == 0 && s.addressable()) {
+    switch (record_fence(s)) {
+      case FenceResult::recorded: break;
+      case FenceResult::synchronized: need = {}; break;
+      case FenceResult::failed: break;  // covered by the stream's next fence, or its retirement
+    }
+  } else if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) {
+    // Another thread's per-thread stream: only that thread may fence it. Ask.
+    s.attention.fetch_or(wants_fence, std::memory_order_relaxed);
+  } else {
+    need = {&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
+  }
+  s.lock.unlock();
+  return need;
+}
+
+std::vector<Need> PoolCore::fence_uses(const std::vector<RecordedStream>& uses) noexcept {
+  std::vector<Need> needs;
+  const Need lost{&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
+  try {
+    needs.reserve(std::max<std::size_t>(uses.size(), 1));
+    if (uses.empty()) needs.push_back(lost);
+    for (const RecordedStream& use : uses) {
+      StreamState* u = use.state;
+      if (u == nullptr) {
+        needs.push_back(lost);
+        continue;
+      }
+      u->lock.lock();
+      const bool current = u->current(use.generation);
+      u->lock.unlock();
+      // A state retired (or recycled) since the use was recorded no longer names its stream:
+      // no fence can be recorded through its handle, and its last fence may precede the use.
+      const Need need = current ? fence_now(*u) : lost;
+      if (need.timeline != nullptr) needs.push_back(need);
+    }
+  } catch (const std::bad_alloc&) {
+    needs.clear();
+    needs.push_back(lost);  // reserve() failed first, so this one has room
+  }
+  return needs;
+}
+
+void PoolCore::settle(Block* b, const std::vector<Need>& needs) noexcept {
+  std::vector<Need> pending;
+  try {
+    for (const Need& need : needs) {
+      if (!covered(need)) pending.push_back(need);
+    }
+  } catch (const std::bad_alloc&) {
+    return;  // lost to reuse rather than risk handing it out early
+  }
+  if (pending.empty()) {
+    try {
+      make_clean({b});
+    } catch (const std::bad_alloc&) {
+    }
+    return;
+  }
+  for (const Need& need : pending) {
+    if (need.timeline == &device_timeline_) note_stranded(b->size);
+  }
+  park(b, std::move(pending));
+}
+
+void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
+  if (!b->large) b->free = true;  // a large range is free once the arena has indexed it
+  b->need = {};
+  try {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    parked_.push_back({b, std::move(needs)});
+  } catch (const std::bad_alloc&) {
+    // Cannot even remember the block: give it up rather than risk a race.
+  }
+}
+
+void PoolCore::record_stream(Block* b, cudaStream_t stream) {
+  std::error_code error;
+  StreamRegistry::Found found = registry_.find(stream, error);
+  if (found.state == nullptr) {
+    if (error) throw Error(static_cast<Errc>(error.value()), "record_stream: the stream's id");
+    // Behind the gate: a stream it has bound is known to it, without asking the id.
+    Gate* gate = gate_.load(std::memory_order_acquire);
+    found.state = gate != nullptr ? gate->bound_state(stream) : nullptr;
+    if (found.state == nullptr) {
+      throw Error(static_cast<Errc>(ungated().value()), ungated_message("record_stream"));
+    }
+    found.generation = found.state->generation.load(std::memory_order_acquire);
+  }
+  if (found.state == b->home && found.generation == b->home_generation) return;
+  if (b->recorded == nullptr) b->recorded = new std::vector<RecordedStream>();
+  for (const RecordedStream& known : *b->recorded) {
+    if (known.state == found.state && known.generation == found.generation) return;
+  }
+  b->recorded->push_back({found.state, found.generation});
+}
+
+}  // namespace streampool::detail

@@ -1,0 +1,117 @@
+// The gate: the pool's one interface to stream capture. The capture layer (lib/capture/) sits
+// above the pool and implements it; nothing else under lib/pool/ knows that captures exist.
+//
+// What the pool asks of it:
+//   - which device calls this thread may make now (calls_allowed): CUDA refuses some calls while
+//     a capture is under way, and invalidates the capture (docs/design.md, and the comments of
+//     device_calls.def);
+//   - a gate on allocation and drop: a stream the capture layer has bound to a capture (its
+//     state's `gated` attention bit), or a stream CUDA reports capturing, sends its allocations
+//     to Gate::allocate; a drop on a bound stream, or of memory a layer above owns
+//     (Block::keeper), goes to Gate::take_drop;
+//   - a stream's capture status, asked without ever asking a capturing stream's id (CUDA refuses
+//     that too, and invalidates the capture);
+//   - a safe point: the pool calls it where no lock is held and nothing it does could be refused,
+//     so that the layer completes what it deferred (graph releases).
+#pragma once
+
+#include "block.hpp"
+
+#include <streampool/device.hpp>
+#include <streampool/error.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace streampool::detail {
+
+struct StreamState;
+
+// Calls a capture under way may refuse.
+enum class Restricted {
+  malloc,        // cudaMalloc: refused by a global capture anywhere, or a thread-local one here
+  event_wait,    // cudaEventQuery, cudaEventSynchronize on outside events: likewise
+  stream_sync,   // cudaStreamSynchronize of a stream not capturing: likewise
+  free,          // cudaFree: it synchronizes the device, so never during any capture
+  device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
+};
+
+// Defined by the capture layer (capture_guard.cpp), over the captures begun through the library.
+bool calls_allowed(Restricted call) noexcept;
+
+// Captures with a pool under way anywhere in the program (the gate is "engaged"). While there is
+// one, every stream lookup asks the capture status before the id. Inline: the identity strategy's allocation reads it (one
+// load of a line written only when a capture begins or ends).
+extern std::atomic<int> gate_engagements;
+inline bool gate_engaged() noexcept {
+  return gate_engagements.load(std::memory_order_acquire) != 0;
+}
+
+// A stream's capture status (cudaStreamGetCaptureInfo, allowed during capture in every mode).
+struct GateStatus {
+  cudaError_t error = cudaSuccess;
+  CaptureStatus status = CaptureStatus::none;
+  CaptureId id = 0;
+  bool capturing() const noexcept { return error == cudaSuccess && status != CaptureStatus::none; }
+  bool invalidated() const noexcept { return status == CaptureStatus::invalidated; }
+};
+inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
+  GateStatus s;
+  s.error = device.capture_info(stream, &s.status, &s.id);
+  return s;
+}
+
+// The error of a request that needs a call a capture under way forbids.
+
+inline std::error_code forbidden_now() noexcept {
+  return make_error_code(Errc::capture_forbids_call);
+}
+// The error of a call on a stream being captured that no gate serves, and its message.
+inline std::error_code ungated() noexcept { return make_error_code(Errc::capture_without_pool); }
+inline std::string ungated_message(const char* call) {
+  return std::string(call) + " on a stream being captured without a pool";
+}
+// The error of an allocation on a stream whose capture was invalidated.
+inline std::error_code gate_invalidated() noexcept {
+  return make_error_code(Errc::capture_invalidated);
+}
+
+// Throws when `stream` is capturing (or its status cannot be asked): `call` cannot be made on it
+// now, and asking its id would invalidate the capture.
+inline void refuse_if_gated(Device& device, cudaStream_t stream, const char* call) {
+  const GateStatus status = gate_status(device, stream);
+  throw_on_cuda_error(status.error, std::string(call) + ": cudaStreamGetCaptureInfo");
+  if (status.capturing()) {
+    throw Error(Errc::capture_forbids_call,
+                std::string(call) + ": the stream is capturing; call it after the capture ends");
+  }
+}
+
+class Gate {
+ public:
+  virtual ~Gate() = default;
+
+  // An allocation on `stream`, which `status` says is capturing (or whose state is gated).
+  // Returns a block counted live on the stream's state (PoolCore::count_allocation), or null with
+  // `error` set.
+  virtual Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
+                          std::error_code& error) noexcept = 0;
+  // A drop of `block` on `stream`, whose still-pending uses are `uses` (PoolCore::drop). True
+  // when the gate took it (memory it owns, or a drop into a capture); the block is then the
+  // gate's, and still counted live until the gate calls PoolCore::count_drop.
+  virtual bool take_drop(Block* block, cudaStream_t stream,
+                         const std::vector<RecordedStream>& uses) noexcept = 0;
+  // The state of `stream` when it is being captured with this pool, found without a device call;
+  // null otherwise.
+  virtual StreamState* bound_state(cudaStream_t stream) noexcept = 0;
+  // A safe point (see above).
+  virtual void safe_point() noexcept = 0;
+  // The MemoryPool object is going: complete everything deferred for it.
+  virtual void closing() noexcept = 0;
+};
+
+}  // namespace streampool::detail

@@ -1,0 +1,44 @@
+// The expensive invariant checks (STREAMPOOL_EXPENSIVE_ASSERT): each walks what it checks.
+#include "pool_core.hpp"
+
+namespace streampool::detail {
+
+bool PoolCore::consistent_state(StreamState& s) noexcept {
+  const std::uint64_t recorded = s.timeline.recorded.load(std::memory_order_relaxed);
+  if (s.timeline.completed.load(std::memory_order_relaxed) > recorded) return false;
+  std::size_t blocks = 0;
+  for (std::size_t c = 0; c < classes_.count(); ++c) {
+    std::size_t n = 0;
+    for (const Block* b = s.free[c].head; b != nullptr; b = b->next, ++n) {
+      if (b->size_class != c || !b->free || b->large || b->requested != 0) return false;
+      if (b->need.timeline != nullptr &&
+          (b->need.timeline != &s.timeline || b->need.index > recorded)) {
+        return false;
+      }
+    }
+    if (n != s.free[c].count) return false;
+    blocks += n;
+  }
+  if (blocks != s.free_blocks.load(std::memory_order_relaxed)) return false;
+  if ((s.attention.load(std::memory_order_relaxed) & retired) != 0 && blocks != 0) return false;
+  std::uint64_t previous = 0;
+  bool first = true;
+  for (const Fence& fence : s.fences) {
+    if (fence.index >= recorded || (!first && fence.index <= previous)) return false;
+    previous = fence.index;
+    first = false;
+  }
+  return true;
+}
+
+bool PoolCore::consistent() noexcept {
+  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    const bool ok = consistent_state(*s);
+    s->lock.unlock();
+    if (!ok) return false;
+  }
+  return small_.consistent() && large_.consistent();
+}
+
+}  // namespace streampool::detail

@@ -1,0 +1,322 @@
+#include "large_tier.hpp"
+
+#include "pool_core.hpp"
+
+#include <streampool/error.hpp>
+
+#include <algorithm>
+
+namespace streampool::detail {
+namespace {
+constexpr int best_fit_scan = 64;  // candidates examined before growing
+}
+
+LargeTier::LargeTier(PoolCore& pool, const PoolOptions& options) noexcept
+    : pool_(pool), options_(options) {}
+
+LargeTier::~LargeTier() {
+  for (Block* b : spare_) delete b;
+  for (const auto& segment : segments_) {
+    for (Block* r = segment->first; r != nullptr;) {
+      Block* next = r->after;
+      delete r;
+      r = next;
+    }
+  }
+}
+
+std::size_t LargeTier::round(std::size_t bytes, std::error_code& error) const noexcept {
+  if (bytes > (std::size_t{1} << 50)) {  // no device has a PiB; also keeps the rounding exact
+    error = make_error_code(Errc::out_of_memory);
+    return 0;
+  }
+  const std::size_t rounding = options_.large_rounding;
+  return (bytes + rounding - 1) / rounding * rounding;
+}
+
+Block* LargeTier::new_block() {
+  if (!spare_.empty()) {
+    Block* b = spare_.back();
+    spare_.pop_back();
+    *b = Block{};
+    return b;
+  }
+  return new Block{};
+}
+
+void LargeTier::delete_block(Block* b) noexcept {
+  try {
+    spare_.push_back(b);
+  } catch (const std::bad_alloc&) {
+    delete b;
+  }
+}
+
+bool LargeTier::normalize(Block* range) noexcept {
+  if (range->need.timeline == nullptr) return true;
+  if (!covered(range->need)) return false;
+  range->need = {};
+  return true;
+}
+
+void LargeTier::index(Block* range) noexcept {
+  range->free = true;
+  try {
+    free_.insert(range);
+  } catch (const std::bad_alloc&) {
+    // Unindexed, the range is lost to reuse until its segment is freed; nothing breaks.
+  }
+}
+
+void LargeTier::unindex(Block* range) noexcept { free_.erase(range); }
+
+Block* LargeTier::best_fit(StreamState* s, std::size_t bytes) noexcept {
+  Block probe;
+  probe.size = bytes;
+  // Best fit among the ranges s may use now, preferring its own (they need no fence for anyone,
+  // and clean ranges stay free for every stream).
+  int scanned = 0;
+  Block* clean = nullptr;
+  Block* waitable = nullptr;
+  for (auto it = free_.lower_bound(&probe); it != free_.end() && scanned < best_fit_scan;
+       ++it, ++scanned) {
+    Block* range = *it;
+    if (s != nullptr && range->need.timeline == &s->timeline) return range;
+    if (clean == nullptr && normalize(range)) clean = range;
+    if (waitable == nullptr && range->need.timeline != nullptr) waitable = range;
+  }
+  if (clean != nullptr || waitable == nullptr || s == nullptr || !options_.cross_stream_wait ||
+      !s->addressable()) {
+    return clean;
+  }
+  // cross_stream_wait: a range whose fence is recorded but pending is s's once s waits on it.
+  StreamState* owner = waitable->need.timeline->stream;
+  if (owner == nullptr) return nullptr;  // waits for a device synchronize: nothing to wait on
+  owner->lock.lock();
+  const Fence* fence = pool_.fence_at(*owner, waitable->need.index);
+  const bool waited = fence != nullptr &&
+                      pool_.device().stream_wait_event(s->handle, fence->event) == cudaSuccess;
+  owner->lock.unlock();
+  return waited ? waitable : nullptr;
+}
+
+Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Block* range = best_fit(s, rounded);
+  if (range == nullptr) return nullptr;
+  if (had != nullptr) *had = range->need;
+  unindex(range);
+  return cut(range, rounded);
+}
+
+Block* LargeTier::grow(std::size_t rounded, std::error_code& error) noexcept {
+  if (!calls_allowed(Restricted::malloc)) {
+    error = forbidden_now();
+    return nullptr;
+  }
+  Device& device = pool_.device();
+  std::size_t size = std::max(rounded, options_.segment_bytes);
+  void* ptr = nullptr;
+  cudaError_t status = device.malloc(&ptr, size);
+  if (status == cudaErrorMemoryAllocation && size > rounded) {
+    size = rounded;  // a whole segment does not fit: the request alone may
+    status = device.malloc(&ptr, size);
+  }
+  if (status != cudaSuccess) {
+    error = make_error_code(status == cudaErrorMemoryAllocation ? Errc::out_of_memory
+                                                                : errc_from_cuda(status));
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    auto segment = std::make_unique<Segment>();
+    Block* range = new_block();
+    range->ptr = static_cast<std::byte*>(ptr);
+    range->size = size;
+    range->large = true;
+    range->segment = segment.get();
+    segment->base = range->ptr;
+    segment->size = size;
+    segment->first = range;
+    segments_.push_back(std::move(segment));
+    pool_.count_device_allocation(size);
+    return cut(range, rounded);
+  } catch (const std::bad_alloc&) {
+    device.free(ptr);
+    error = make_error_code(Errc::out_of_memory);
+    return nullptr;
+  }
+}
+
+Block* LargeTier::cut(Block* range, std::size_t bytes) noexcept {
+  STREAMPOOL_ASSERT(range->size >= bytes);
+  if (range->size - bytes >= options_.large_rounding) {
+    Block* rest = nullptr;
+    try {
+      rest = new_block();
+    } catch (const std::bad_alloc&) {
+    }
+    if (rest != nullptr) {
+      rest->ptr = range->ptr + bytes;
+      rest->size = range->size - bytes;
+      rest->large = true;
+      rest->segment = range->segment;
+      rest->need = range->need;
+      rest->before = range;
+      rest->after = range->after;
+      if (range->after != nullptr) range->after->before = rest;
+      range->after = rest;
+      range->size = bytes;
+      index(rest);
+    }
+  }
+  range->free = false;
+  range->need = {};
+  return range;
+}
+
+void LargeTier::put(Block* range, Need need) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  range->need = need;
+  // Merge with free neighbours. A clean range merges with any free neighbour, taking its need
+  // (safe where the neighbour was, as the neighbour was); two ranges of one stream merge with the
+  // later need; ranges of different streams stay apart until one of them is covered.
+  normalize(range);
+  const auto mergeable = [&](Block* neighbour) {
+    if (neighbour == nullptr || !neighbour->free || neighbour->is_slab) return false;
+    normalize(neighbour);
+    return neighbour->need.timeline == nullptr || range->need.timeline == nullptr ||
+           neighbour->need.timeline == range->need.timeline;
+  };
+  // `keep` absorbs its right neighbour `gone`.
+  const auto absorb = [&](Block* keep, Block* gone) {
+    keep->size += gone->size;
+    keep->after = gone->after;
+    if (gone->after != nullptr) gone->after->before = keep;
+    if (keep->need.timeline == nullptr) keep->need = gone->need;
+    else if (gone->need.timeline != nullptr) {
+      keep->need.index = std::max(keep->need.index, gone->need.index);
+    }
+    delete_block(gone);
+  };
+  while (mergeable(range->before)) {
+    Block* left = range->before;
+    unindex(left);
+    absorb(left, range);
+    range = left;
+  }
+  while (mergeable(range->after)) {
+    Block* right = range->after;
+    unindex(right);
+    absorb(range, right);
+  }
+  range->is_slab = false;
+  index(range);
+}
+
+void LargeTier::put_clean(const std::vector<Block*>& ranges) noexcept {
+  for (Block* range : ranges) put(range, {});
+}
+
+void LargeTier::ask_owners(StreamState& s) noexcept {
+  // Streams that own uncovered free ranges (other than s), and whether each has ranges no fence
+  // covers yet.
+  std::vector<std::pair<StreamState*, bool>> owners;
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Block* range : free_) {
+      if (range->need.timeline == nullptr || normalize(range)) continue;
+      StreamState* owner = range->need.timeline->stream;
+      if (owner == nullptr || owner == &s) continue;
+      const bool unfenced =
+          range->need.index >= owner->timeline.recorded.load(std::memory_order_acquire);
+      auto it = std::find_if(owners.begin(), owners.end(),
+                             [owner](const auto& o) { return o.first == owner; });
+      if (it == owners.end()) owners.emplace_back(owner, unfenced);
+      else it->second = it->second || unfenced;
+    }
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  for (auto [owner, unfenced] : owners) {
+    owner->lock.lock();
+    pool_.refresh(*owner);
+    // Only the owner's own next call may record its fence.
+    if (unfenced && (owner->attention.load(std::memory_order_relaxed) & retired) == 0) {
+      owner->attention.fetch_or(wants_fence, std::memory_order_relaxed);
+    }
+    owner->lock.unlock();
+  }
+}
+
+void LargeTier::coalesce_covered() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto free_covered = [&](Block* r) {
+    return r != nullptr && r->free && !r->is_slab && normalize(r);
+  };
+  for (const auto& segment : segments_) {
+    for (Block* r = segment->first; r != nullptr; r = r->after) {
+      if (!free_covered(r) || !free_covered(r->after)) continue;
+      unindex(r);
+      while (free_covered(r->after)) {
+        Block* right = r->after;
+        unindex(right);
+        r->size += right->size;
+        r->after = right->after;
+        if (right->after != nullptr) right->after->before = r;
+        delete_block(right);
+      }
+      index(r);
+    }
+  }
+}
+
+std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept {
+  if (!calls_allowed(Restricted::free)) return 0;
+  coalesce_covered();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Device& device = pool_.device();
+  std::size_t released = 0;
+  for (std::size_t i = 0; i < segments_.size();) {
+    if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
+    Segment& segment = *segments_[i];
+    Block* range = segment.first;
+    const bool whole = range->free && !range->is_slab && range->size == segment.size &&
+                       normalize(range);
+    if (!whole || device.free(segment.base) != cudaSuccess) {
+      ++i;
+      continue;
+    }
+    unindex(range);
+    delete_block(range);
+    pool_.count_device_free(segment.size);
+    released += segment.size;
+    segments_[i] = std::move(segments_.back());
+    segments_.pop_back();
+  }
+  return released;
+}
+
+bool LargeTier::consistent() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t indexed = 0;
+  for (const auto& segment : segments_) {
+    std::byte* at = segment->base;
+    const Block* previous = nullptr;
+    for (const Block* r = segment->first; r != nullptr; r = r->after) {
+      if (r->ptr != at || r->before != previous || r->segment != segment.get() || !r->large) {
+        return false;
+      }
+      const bool in_index = free_.count(const_cast<Block*>(r)) != 0;
+      if (r->free && !r->is_slab && !in_index) return false;
+      if ((!r->free || r->is_slab) && in_index) return false;
+      indexed += in_index ? 1 : 0;
+      at += r->size;
+      previous = r;
+    }
+    if (at != segment->base + segment->size) return false;
+  }
+  return indexed == free_.size();
+}
+
+}  // namespace streampool::detail

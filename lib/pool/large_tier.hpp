@@ -1,0 +1,95 @@
+// The large tier: the arena. Device segments, each an address-ordered list of ranges that tile
+// it; free ranges indexed by size and served best-fit, split, and merged back with free
+// neighbours. Slabs of the small tier and the ranges the gate's layer holds are ranges too.
+//
+// A free range is owned by a stream (its need is on that stream's timeline: usable there at
+// once, elsewhere once covered) or clean. Two free neighbours merge when one is clean or both are
+// owned by the same stream; the merged range keeps the later need.
+//
+// Invariants, under the arena mutex: a segment's ranges tile it exactly, in address order; every
+// free range that is not a slab is in the index exactly once, and no range in use is.
+#pragma once
+
+#include "block.hpp"
+
+#include <streampool/pool_options.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <vector>
+
+namespace streampool::detail {
+
+class PoolCore;
+struct StreamState;
+
+// A device allocation of the arena.
+struct Segment {
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  Block* first = nullptr;
+};
+
+class LargeTier {
+ public:
+  LargeTier(PoolCore& pool, const PoolOptions& options) noexcept;
+  ~LargeTier();  // the Block objects; the device memory is PoolCore's to free
+  LargeTier(const LargeTier&) = delete;
+  LargeTier& operator=(const LargeTier&) = delete;
+
+  // A request's size in the arena (rounded to large_rounding), or 0 and out_of_memory when no
+  // device could hold it.
+  std::size_t round(std::size_t bytes, std::error_code& error) const noexcept;
+
+  // A range of `rounded` bytes for stream `s` (null: one that is clean), without growing: s's
+  // own, a covered one, or with cross_stream_wait one whose fence s then waits on. `had`, if
+  // given, gets the need the range had.
+  Block* find(StreamState* s, std::size_t rounded, Need* had) noexcept;
+  // A range of `rounded` bytes from a new segment. Fails (out_of_memory, or forbidden_now() when
+  // calls_allowed() forbids device allocation) without touching the arena.
+  Block* grow(std::size_t rounded, std::error_code& error) noexcept;
+  // Back to the arena, owned as `need` says (no timeline: clean).
+  void put(Block* range, Need need) noexcept;
+  void put_clean(const std::vector<Block*>& ranges) noexcept;
+
+  // Before growing for `s`: learns which fences of other owners of free ranges completed, and
+  // asks those with unfenced ranges for a fence.
+  void ask_owners(StreamState& s) noexcept;
+  // Merges neighbouring free ranges that are all covered.
+  void coalesce_covered() noexcept;
+  // Returns wholly free, covered segments to the device until at most `bytes_to_keep` stay
+  // reserved; the bytes returned.
+  std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;
+
+  // Every segment, for the pool's destruction. [no other thread]
+  const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
+  // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
+  bool consistent() noexcept;
+
+ private:
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const noexcept {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+  // All [mutex_].
+  Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
+  Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
+  void index(Block* range) noexcept;
+  void unindex(Block* range) noexcept;
+  bool normalize(Block* range) noexcept;  // a covered need becomes clean; true when clean
+  Block* new_block();
+  void delete_block(Block* b) noexcept;
+
+  PoolCore& pool_;
+  const PoolOptions& options_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  std::set<Block*, BySize> free_;
+  std::vector<Block*> spare_;
+};
+
+}  // namespace streampool::detail

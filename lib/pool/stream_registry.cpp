@@ -1,0 +1,229 @@
+#include "stream_registry.hpp"
+
+#include "pool_core.hpp"
+
+namespace streampool::detail {
+namespace {
+
+std::atomic<std::uint64_t> next_uid{1};
+
+// A thread's last few streams, per pool. An entry is valid while its state's generation is
+// unchanged: retiring or recycling a state bumps it, and states live as long as their pool, so a
+// stale entry of a live pool is always safe to check. Entries of dead pools never match again
+// (uids are never reused).
+struct CachedStream {
+  std::uint64_t pool = 0;
+  std::uint64_t key = 0;
+  StreamState* state = nullptr;
+  std::uint32_t generation = 0;
+};
+constexpr unsigned cache_ways = 8;
+thread_local CachedStream stream_cache[cache_ways];
+thread_local unsigned stream_cache_victim = 0;
+
+bool explicit_stream(cudaStream_t stream) {
+  return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+}
+
+std::error_code device_error(cudaError_t status) {
+  const Errc code = errc_from_cuda(status);
+  return make_error_code(code == Errc::success ? Errc::device_error : code);
+}
+
+}  // namespace
+
+template <StreamChecks checks>
+StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, std::error_code& error) noexcept {
+  Found found;
+  std::uint64_t key = 0;
+  StreamId id = 0;
+  if constexpr (checks == StreamChecks::none) {
+    key = reinterpret_cast<std::uintptr_t>(stream);
+  } else {
+    if (!ask_id(stream, found, id, error)) return found;
+    key = id;
+  }
+  for (const CachedStream& entry : stream_cache) {
+    if (entry.pool == uid_ && entry.key == key &&
+        entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
+      found.state = entry.state;
+      found.generation = entry.generation;
+      return found;
+    }
+  }
+  if constexpr (checks == StreamChecks::none) {
+    if (!ask_id(stream, found, id, error)) return found;
+  }
+  return lookup(stream, key, id, error);
+}
+
+bool StreamRegistry::ask_id(cudaStream_t stream, Found& found, StreamId& id,
+                            std::error_code& error) noexcept {
+  Device& device = pool_.device();
+  if (checks_ == StreamChecks::full || gate_engaged()) {
+    found.gate = gate_status(device, stream);
+    if (found.gate.error != cudaSuccess) {
+      error = device_error(found.gate.error);
+      return false;
+    }
+    if (found.gate.capturing()) return false;
+  }
+  const cudaError_t status = device.stream_id(stream, &id);
+  if (status != cudaSuccess) {
+    error = device_error(status);
+    return false;
+  }
+  return true;
+}
+
+StreamRegistry::Strategy StreamRegistry::strategy_of(StreamChecks checks) noexcept {
+  switch (checks) {
+    case StreamChecks::none: return &StreamRegistry::find_as<StreamChecks::none>;
+    case StreamChecks::identity: return &StreamRegistry::find_as<StreamChecks::identity>;
+    case StreamChecks::full: break;
+  }
+  return &StreamRegistry::find_as<StreamChecks::full>;
+}
+
+StreamRegistry::StreamRegistry(PoolCore& pool, StreamChecks checks, std::size_t classes)
+    : pool_(pool),
+      checks_(checks),
+      strategy_(strategy_of(checks)),
+      uid_(next_uid.fetch_add(1)),
+      classes_(classes) {}
+
+StreamRegistry::~StreamRegistry() {
+  for (StreamState* s = first(); s != nullptr;) {
+    StreamState* next = s->next_state;
+    delete s;
+    s = next;
+  }
+}
+
+StreamRegistry::Found StreamRegistry::lookup(cudaStream_t stream, std::uint64_t key, StreamId id,
+                                             std::error_code& error) noexcept {
+  Found found;
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = by_id_.find(id);
+    found.state = it != by_id_.end() ? it->second : register_stream(stream, id);
+    found.generation = found.state->generation.load(std::memory_order_relaxed);
+  } catch (const std::bad_alloc&) {
+    error = make_error_code(Errc::out_of_memory);
+    return {};
+  }
+  CachedStream& entry = stream_cache[stream_cache_victim++ % cache_ways];
+  entry = {uid_, key, found.state, found.generation};
+  return found;
+}
+
+StreamState* StreamRegistry::by_handle(cudaStream_t stream) noexcept {
+  if (!explicit_stream(stream)) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = by_handle_.find(stream);
+  return it != by_handle_.end() ? it->second : nullptr;
+}
+
+StreamState* StreamRegistry::fresh_state() {
+  // A retired state whose last fence completed, with no buffer or allocation in flight left,
+  // may serve the new stream. Look at a few of the oldest.
+  for (int looked = 0; looked < 4 && !retired_.empty(); ++looked) {
+    StreamState* s = retired_.front();
+    retired_.pop_front();
+    waiting_.store(retired_.size(), std::memory_order_relaxed);
+    s->lock.lock();
+    pool_.refresh(*s);
+    const bool done = s->timeline.completed.load(std::memory_order_relaxed) > s->last_index &&
+                      s->counters.live == 0 && s->pins == 0;
+    if (done) {
+      STREAMPOOL_ASSERT(s->free_blocks.load(std::memory_order_relaxed) == 0);
+      s->attention.store(0, std::memory_order_relaxed);
+      s->generation.fetch_add(1, std::memory_order_release);
+      s->unfenced_bytes = 0;
+      s->unfenced_since_ns = 0;
+      s->drops = 0;
+      s->lock.unlock();
+      return s;
+    }
+    s->lock.unlock();
+    wait_for_recycling(*s);  // not yet: to the back of the queue
+  }
+  auto state = std::make_unique<StreamState>();
+  state->free = std::make_unique<BlockList[]>(classes_);
+  state->timeline.stream = state.get();
+  state->core = &pool_;
+  state->next_state = first_.load(std::memory_order_relaxed);
+  StreamState* s = state.release();
+  first_.store(s, std::memory_order_release);
+  return s;
+}
+
+StreamState* StreamRegistry::register_stream(cudaStream_t stream, StreamId id) {
+  by_id_.reserve(by_id_.size() + 1);
+  if (explicit_stream(stream)) by_handle_.reserve(by_handle_.size() + 1);
+  StreamState* s = fresh_state();
+  s->lock.lock();
+  s->id = id;
+  s->handle = stream;
+  s->owner = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
+  s->unfenced_limit = pool_.policy().limit(several_streams());
+  s->lock.unlock();
+  by_id_[id] = s;
+  ++registered_;
+  if (explicit_stream(stream)) {
+    // CUDA gives a destroyed stream's handle to the next stream it creates: a known handle with
+    // a new id means the old stream is gone. No fence can be recorded on it any more.
+    StreamState*& previous = by_handle_[stream];
+    if (previous != nullptr && previous != s) {
+      by_id_.erase(previous->id);
+      retire(*previous);
+    }
+    previous = s;
+  }
+  if (registered_ > 1) note_several();
+  return s;
+}
+
+void StreamRegistry::retire(StreamState& s) noexcept {
+  --registered_;
+  note_several();
+  pool_.empty_retired(s, /*may_fence=*/false);  // gone: nothing can fence it
+  wait_for_recycling(s);
+}
+
+void StreamRegistry::wait_for_recycling(StreamState& s) noexcept {
+  try {
+    retired_.push_back(&s);
+  } catch (const std::bad_alloc&) {
+    // never recycled: the state stays, retired, for the pool's life
+  }
+  waiting_.store(retired_.size(), std::memory_order_relaxed);
+}
+
+void StreamRegistry::note_several() noexcept {
+  if (several_.exchange(true, std::memory_order_relaxed)) return;
+  // The unfenced bound starts to apply to every stream.
+  const std::size_t limit = pool_.policy().limit(true);
+  for (StreamState* s = first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    s->unfenced_limit = limit;
+    s->lock.unlock();
+  }
+}
+
+StreamState* StreamRegistry::release(cudaStream_t stream, StreamId id) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = by_id_.find(id);
+  if (it == by_id_.end()) return nullptr;  // never seen, or already released
+  StreamState* s = it->second;
+  by_id_.erase(it);
+  const auto handle = by_handle_.find(stream);
+  if (handle != by_handle_.end() && handle->second == s) by_handle_.erase(handle);
+  --registered_;
+  note_several();
+  pool_.empty_retired(*s, /*may_fence=*/true);
+  wait_for_recycling(*s);
+  return s;
+}
+
+}  // namespace streampool::detail

@@ -1,0 +1,99 @@
+// StreamRegistry: which StreamState a stream handle names, for one pool.
+//
+// Streams are told apart by id (cudaStreamGetId): CUDA hands a destroyed stream's handle to the
+// next stream it creates, and cudaStreamPerThread is one handle naming a different stream in each
+// thread. How much to ask CUDA is StreamChecks' choice, made once at construction (one strategy
+// function, not a branch per lookup):
+//   none      a thread's cache keyed by handle; the id is asked only on a miss;
+//   identity  the id on every lookup, the cache keyed by id;
+//   full      the gate's status (gate.hpp), then the id.
+// Whatever the strategy, while the gate is engaged anywhere the gate's status is asked before the
+// id, which CUDA refuses for a stream behind the gate (gate.hpp says why).
+//
+// Each thread caches its last few streams per pool, valid while the state's generation is
+// unchanged; states live as long as the pool, so a stale entry is always safe to check.
+#pragma once
+
+#include "gate.hpp"
+#include "stream_state.hpp"
+
+#include <streampool/pool_options.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+namespace streampool::detail {
+
+class PoolCore;
+
+class StreamRegistry {
+ public:
+  // What a lookup found: a state and the generation it was seen at, or (state null, no error) a
+  // stream that is capturing: `gate` has its status.
+  struct Found {
+    StreamState* state = nullptr;
+    std::uint32_t generation = 0;
+    GateStatus gate;
+  };
+
+  StreamRegistry(PoolCore& pool, StreamChecks checks, std::size_t classes);
+  ~StreamRegistry();
+  StreamRegistry(const StreamRegistry&) = delete;
+  StreamRegistry& operator=(const StreamRegistry&) = delete;
+
+  // The state of `stream`, registering it when new. Never asks a capturing stream's id.
+  Found find(cudaStream_t stream, std::error_code& error) noexcept {
+    return (this->*strategy_)(stream, error);
+  }
+  // The state registered for an explicit stream's handle, without a device call; null if none.
+  StreamState* by_handle(cudaStream_t stream) noexcept;
+
+  // release_stream: the state registered for `id`, unregistered and retired; null if none.
+  StreamState* release(cudaStream_t stream, StreamId id) noexcept;
+
+  // Every state ever made, newest first, without a lock: states are never freed while the pool
+  // lives, and `next_state` links are written before a state is published.
+  StreamState* first() const noexcept { return first_.load(std::memory_order_acquire); }
+
+  // The pool has seen more than one stream, or a stream retire.
+  bool several_streams() const noexcept { return several_.load(std::memory_order_relaxed); }
+
+  // Retired states not yet recycled.
+  std::size_t retired_waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
+
+ private:
+  using Strategy = Found (StreamRegistry::*)(cudaStream_t, std::error_code&) noexcept;
+  static Strategy strategy_of(StreamChecks checks) noexcept;
+  template <StreamChecks checks>
+  Found find_as(cudaStream_t stream, std::error_code& error) noexcept;
+  // The id of a stream not capturing; `found.gate` says when it is.
+  bool ask_id(cudaStream_t stream, Found& found, StreamId& id, std::error_code& error) noexcept;
+  Found lookup(cudaStream_t stream, std::uint64_t key, StreamId id, std::error_code& error) noexcept;
+  StreamState* register_stream(cudaStream_t stream, StreamId id);  // [mutex_]
+  StreamState* fresh_state();                                      // [mutex_]
+  void retire(StreamState& s) noexcept;                            // [mutex_]
+  void note_several() noexcept;                                    // [mutex_]
+  void wait_for_recycling(StreamState& s) noexcept;                // [mutex_]
+
+  PoolCore& pool_;
+  const StreamChecks checks_;
+  const Strategy strategy_;
+  const std::uint64_t uid_;  // unique over the program's life: keys the threads' caches
+  const std::size_t classes_;
+  std::atomic<StreamState*> first_{nullptr};
+  std::atomic<bool> several_{false};
+
+  std::mutex mutex_;  // lock order: before any stream's lock
+  std::unordered_map<StreamId, StreamState*> by_id_;
+  std::unordered_map<cudaStream_t, StreamState*> by_handle_;  // explicit streams only
+  std::deque<StreamState*> retired_;                          // oldest first
+  std::atomic<std::size_t> waiting_{0};                       // retired_.size()
+  std::size_t registered_ = 0;
+};
+
+}  // namespace streampool::detail
