@@ -210,10 +210,11 @@ TEST_CASE("a MemoryPool destroyed before its CapturePool stays alive until the C
 }
 
 // Issue 8, item 8: a block the CapturePool adopted (a shared buffer dropped during the capture)
-// is dropped again when the CapturePool goes, and today that drop records its stream's fence
-// through the stream's handle. The user dropped every buffer of that stream and destroyed it,
-// as the contract allows, and CUDA gave the handle to a new stream: the fence covers the new
-// stream's work, not the old one's, and the old stream's blocks go to another stream early.
+// is dropped again when the CapturePool goes, and today that drop records the fence another
+// stream asked of its stream (or, under fence_every_free, its own) through the stream's handle.
+// The user dropped every buffer of that stream and destroyed it, as the contract allows, and CUDA
+// gave the handle to a new stream: the fence covers the new stream's work, not the old one's,
+// and the old stream's blocks go to another stream early.
 TEST_CASE("a CapturePool's adopted blocks are not fenced, when it goes, through a handle their "
           "destroyed stream gave to another stream", "[!shouldfail]") {
   PoolOnFake pool(one_block_slabs());
