@@ -5,6 +5,7 @@
 
 #include <streampool/capture_pool.hpp>
 
+#include <optional>
 #include <thread>
 
 using streampool::CaptureMode;
@@ -15,6 +16,8 @@ using streampool::Errc;
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 using Bytes = PooledBuffer<std::byte>;
+using streampool::CapturedGraph;
+using HazardKind = FakeDevice::Hazard::Kind;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -289,4 +292,148 @@ TEST_CASE("begin and end refuse a mismatched stream or pool") {
   REQUIRE_THROWS_AS(streampool::end_capture_with_pool(s, other), streampool::Error);
   REQUIRE(capture_status(fake, s) == CaptureStatus::active);
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+}
+
+// Issue 8, item 10: the raw API's free on another stream than the allocation's re-implements the
+// drop and knows nothing of private pieces: today a CapturePool's piece freed on another stream
+// (or on its own stream after release_stream, which gives that stream a new state) lands in the
+// shared cache as a block of the smallest class. It is handed out there, larger than the piece,
+// over a live private buffer, while graphs replay into it; and the piece never goes back to its
+// CapturePool, whose memory leaks with it unless the block happens to be freed again.
+TEST_CASE("a private buffer freed through the raw API goes back to its CapturePool, on whatever "
+          "stream it is freed", "[!shouldfail]") {
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    streampool::MemoryPool pool(fake, test_options());
+    cudaStream_t s = fake->create_stream();
+    cudaStream_t o = fake->create_stream();
+    auto capture = std::make_shared<CapturePool>(pool);
+    capture->reserve(MiB);
+    const std::size_t reserved = capture->free_bytes();
+    streampool::begin_capture_with_pool(capture, s);
+    void* p = pool.allocate(200, s);          // a private piece of 256 bytes
+    void* neighbour = pool.allocate(200, s);  // the next piece, alive throughout
+    REQUIRE(static_cast<std::byte*>(neighbour) == static_cast<std::byte*>(p) + 256);
+    fake->launch(s, {{p, 200, true}, {neighbour, 200, true}});  // replayed by every launch
+    CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
+
+    cudaStream_t freed_on = o;
+    SECTION("freed on another stream") {}
+    SECTION("freed on its own stream, after release_stream") {
+      pool.release_stream(s);
+      freed_on = s;
+    }
+    pool.deallocate(p, 200, freed_on);
+    CHECK(capture->free_bytes() == reserved - 256);  // back to the CapturePool; the neighbour not
+
+    void* q = pool.allocate(512, freed_on);  // the smallest class of the shared cache
+    CHECK(q != p);
+    graph.launch(s);
+    fake->launch(freed_on, {{q, 512, true}});
+    INFO(first_hazard(*fake));
+    CHECK(fake->hazards().empty());
+    fake->complete_all();
+    pool.deallocate(q, 512, freed_on);
+    pool.deallocate(neighbour, 200, s);
+  }
+  CHECK(fake->live_bytes() == 0);
+}
+
+// Issue 8, item 12: a buffer whose stream was released before the capture keeps the released
+// stream's state; dropped during the capture on that stream, it is not adopted (the drop looks
+// at the old state, which is not bound to the capture) and goes to the old state's list. A trim
+// then hands it to another stream while the graph replays into it.
+TEST_CASE("a buffer of a released stream dropped during a capture on that stream is adopted",
+          "[!shouldfail]") {
+  PoolOnFake pool(one_block_slabs());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  std::optional<Bytes> x(Bytes::alloc_async(*pool, 4096, s));
+  pool->release_stream(s);  // x is alive: allowed
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  fake.launch(s, {{x->data(), x->byte_size(), true}});  // the graph writes x
+  x.reset();
+  CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
+  CHECK(pool->stats().live_allocations.current == 1);  // held by the CapturePool
+
+  pool->trim(std::size_t{1} << 40);  // keeps the memory
+  auto y = Bytes::alloc_async(*pool, 4096, b);
+  graph.launch(s);
+  write_on(fake, b, y);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Issue 8, item 13: a CapturePool's free pieces coalesce with free neighbours by address alone,
+// so two ranges from different device allocations that happen to be adjacent (two reserves, or
+// relaxed-mode growth, each its own cudaMalloc) merge, and a buffer can be cut across the
+// boundary: one buffer in two device allocations, which no kernel may touch as one.
+TEST_CASE("a private buffer never spans two device allocations", "[!shouldfail]") {
+  auto options = test_options();
+  options.segment_bytes = MiB;  // each reservation or growth is a device allocation of its own
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::vector<Bytes> buffers;
+  std::error_code error;
+
+  SECTION("two reservations, then one larger allocation") {
+    capture->reserve(MiB);
+    capture->reserve(MiB);
+    streampool::begin_capture_with_pool(capture, s);
+    // Either refused (no single range holds it) or inside one device allocation.
+    buffers.push_back(Bytes::try_alloc_async(*pool, 3 * MiB / 2, s, error));
+    if (error) CHECK(error == Errc::capture_pool_exhausted);
+  }
+  SECTION("growth in relaxed mode") {
+    streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
+    for (int i = 0; i < 2; ++i) buffers.push_back(Bytes::alloc_async(*pool, 3 * MiB / 2, s));
+  }
+  for (const Bytes& buffer : buffers) {
+    if (!buffer.is_empty()) fake.launch(s, {{buffer.data(), buffer.byte_size(), true}});
+  }
+  CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
+  graph.launch(s);  // the captured writes run, each checked against the live allocations
+  fake.complete_all();
+  const auto outside = fake_test::hazards_of(fake, HazardKind::out_of_bounds);
+  INFO((outside.empty() ? std::string("none") : outside.front().what));
+  CHECK(outside.empty());
+}
+
+// Issue 8, item 16: record_stream on a buffer cut from a CapturePool's private memory is ignored
+// by its drop, which returns the piece to the CapturePool at once: the recorded stream gets no
+// fence (and the list of recorded streams leaks). A later capture with the same CapturePool gets
+// the piece, and its graph's replay writes it while the recorded stream still reads it.
+TEST_CASE("a private buffer recorded on another stream is reused only after that stream's work",
+          "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t r = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+
+  streampool::begin_capture_with_pool(capture, s);
+  std::optional<Bytes> x(Bytes::alloc_async(*pool, 4096, s));
+  fake.launch(s, {{x->data(), x->byte_size(), true}});
+  CapturedGraph first = streampool::end_capture_with_pool(s, capture);
+  first.launch(s);
+  fake_test::order_after(fake, r, s);
+  fake.launch(r, {{x->data(), x->byte_size(), false}});  // R reads what the replay wrote
+  x->record_stream(r);
+  x.reset();  // R's read is pending
+
+  streampool::begin_capture_with_pool(capture, s);
+  std::error_code error;
+  auto y = Bytes::try_alloc_async(*pool, 4096, s, error);
+  if (!y.is_empty()) fake.launch(s, {{y.data(), y.byte_size(), true}});
+  CapturedGraph second = streampool::end_capture_with_pool(s, capture);
+  second.launch(s);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
 }

@@ -292,3 +292,39 @@ TEST_CASE("unfenced bytes older than the time bound are fenced by a later drop o
   REQUIRE(fake.calls(FakeDevice::Call::event_record) >= 1);
   fake.complete_all();
 }
+
+// Issue 8, "also": cross_stream_wait is a rule of the small tier only. The large tier takes
+// another stream's range only once its fence completed, so a large request grows the arena where
+// a small one would wait on the fence.
+TEST_CASE("with cross_stream_wait, B takes a large range whose fence is recorded by waiting on "
+          "it", "[!shouldfail]") {
+  constexpr std::size_t large = std::size_t{8} << 20;
+  auto options = test_options();
+  options.cross_stream_wait = true;
+  options.segment_bytes = large;  // a dropped range fills its segment: nothing else fits beside
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+
+  void* dropped = nullptr;
+  {
+    auto x = Bytes::alloc_async(*pool, large, a);
+    write_on(fake, a, x);
+    dropped = x.data();
+  }
+  auto y = Bytes::alloc_async(*pool, large, b);  // no fence on A yet: B grows, and asks for one
+  Bytes::alloc_async(*pool, 100000, a).reset();  // A's next call records it
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 1);
+  const auto mallocs = fake.calls(FakeDevice::Call::malloc);
+  const auto waits = fake.calls(FakeDevice::Call::stream_wait_event);
+
+  auto handed = Bytes::alloc_async(*pool, large, b);  // the fence is still pending: B waits
+  CHECK(static_cast<void*>(handed.data()) == dropped);
+  CHECK(fake.calls(FakeDevice::Call::malloc) == mallocs);
+  CHECK(fake.calls(FakeDevice::Call::stream_wait_event) == waits + 1);
+  write_on(fake, b, handed);  // ordered after A's write by the wait: no race
+  INFO(first_hazard(fake));
+  REQUIRE(fake.hazards().empty());
+  fake.complete_all();
+}

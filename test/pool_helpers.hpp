@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <string>
 
 inline streampool::PoolOptions test_options() {
   streampool::PoolOptions options;
@@ -45,4 +46,10 @@ template <class T>
 void write_on(streampool::FakeDevice& device, cudaStream_t stream,
               const streampool::PooledBuffer<T>& buffer) {
   device.launch(stream, {{buffer.data(), buffer.byte_size(), true}});
+}
+
+// What the fake device's first hazard says, or "none": for a failure message.
+inline std::string first_hazard(const streampool::FakeDevice& device) {
+  const auto hazards = device.hazards();
+  return hazards.empty() ? std::string("none") : hazards.front().what;
 }

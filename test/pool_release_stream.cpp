@@ -1,13 +1,17 @@
 // release_stream with buffers of the stream still alive: what is dropped on a released stream
 // after its last fence is not covered by that fence, and must not reach another stream until its
 // own work is done, whatever the pool does with the released stream's state meanwhile.
+#include "fake_helpers.hpp"
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
+#include <future>
 #include <optional>
 
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 using Bytes = PooledBuffer<std::byte>;
+using Call = FakeDevice::Call;
 
 namespace {
 
@@ -62,5 +66,127 @@ TEST_CASE("a large block dropped on a released stream is not handed at once to t
     write_on(fake, fresh, y);
   }
   REQUIRE(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Issue 8, item 6: an allocation on X that takes the slow path checks that X is not retired,
+// finds a block and only then counts itself on X's state. release_stream(X) on another thread in
+// between sees no live buffer on X and recycles X's state for the next new stream, with the
+// allocation then counted on it: the buffer's drop puts its block on the new stream's own list,
+// and the new stream takes it back at once while X's write is pending.
+TEST_CASE("release_stream racing an allocation on the same stream lets no other stream take "
+          "that allocation's block early", "[!shouldfail]") {
+  HookedPool pool(one_block_slabs());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t x = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  cudaStream_t p = fake.create_stream();
+  constexpr std::size_t size = 4096;       // the size class of the race
+  constexpr std::size_t other = 100000;    // another class, for calls that only name a stream
+  Bytes::alloc_async(*pool, other, x).reset();  // X is known, with no buffer alive on it
+
+  // O holds a block of the class behind a fence that is recorded and pending: P's miss asks O
+  // for a fence, O's next call records it.
+  {
+    auto on_o = Bytes::alloc_async(*pool, size, o);
+    write_on(fake, o, on_o);
+  }
+  auto held_by_p = Bytes::alloc_async(*pool, size, p);
+  Bytes::alloc_async(*pool, other, o).reset();
+  REQUIRE(pool->stats().fences_recorded >= 1);
+
+  // X misses and looks at O's block: while it asks whether O's fence completed, another thread
+  // releases X.
+  std::shared_future<void> released;
+  pool.device->before_next(Call::event_query, [&] {
+    released = on_own_thread([&] { pool->release_stream(x); });
+  });
+  auto on_x = Bytes::alloc_async(*pool, size, x);
+  pool.device->run_unfired();
+  released.get();
+
+  cudaStream_t y = fake.create_stream();
+  Bytes::alloc_async(*pool, other, y).reset();  // a new stream, seen by the pool
+  write_on(fake, x, on_x);                      // X uses its buffer (it is alive: allowed)
+  on_x.reset();
+  auto on_y = Bytes::alloc_async(*pool, size, y);
+  write_on(fake, y, on_y);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Issue 8, item 7: record_stream(R) names R's state; release_stream(R) recycles that state for
+// the next new stream; the drop then records the fence meant for R on the new stream, and the
+// block is handed over once that fence (and the buffer's own stream's) completed, while R's work
+// on it is still pending.
+TEST_CASE("a buffer recorded on a stream that was then released is not handed over before that "
+          "stream's work", "[!shouldfail]") {
+  PoolOnFake pool(one_block_slabs());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t r = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  std::optional<Bytes> x(Bytes::alloc_async(*pool, 4096, a));
+  write_on(fake, a, *x);
+  x->record_stream(r);
+  pool->release_stream(r);
+  // R reads x after A's write, after the release (x is alive: R may still use it).
+  fake_test::order_after(fake, r, a);
+  fake.launch(r, {{x->data(), x->byte_size(), false}});
+
+  cudaStream_t n = fake.create_stream();
+  Bytes::alloc_async(*pool, 100000, n).reset();  // a new stream, which may get R's old place
+  x.reset();
+  fake.complete(a);  // A's write is done; R's read is not
+
+  auto y = Bytes::alloc_async(*pool, 4096, b);
+  write_on(fake, b, y);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Issue 8, "also" (the race on a stream state's `recyclable` flag, lost): the device-synchronize
+// reclaim notes which retired states are idle before its synchronize and marks them recyclable
+// after it, without looking again. A state that a new stream took in between is marked too;
+// once that stream is gone it is recycled again, with the range it dropped still pending, and a
+// third stream takes that range as its own.
+TEST_CASE("a stream's state is recycled only once nothing dropped on it is pending, even when a "
+          "new stream took it during a trim", "[!shouldfail]") {
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, a).reset();
+  pool->release_stream(a);  // A's state is idle: recycled for the next new stream
+
+  cudaStream_t b = fake.create_stream();
+  std::optional<Bytes> on_b;
+  std::shared_future<void> allocated;
+  pool.device->after_next(Call::device_synchronize, [&] {
+    allocated = on_own_thread([&] { on_b.emplace(Bytes::alloc_async(*pool, 8 * MiB, b)); });
+  });
+  pool->trim(std::size_t{1} << 40);  // keeps the memory
+  pool.device->run_unfired();
+  allocated.get();
+  write_on(fake, b, *on_b);
+  on_b.reset();  // pending: B's write
+
+  // B's buffers are all dropped, B is destroyed; its handle goes to C, which retires B.
+  fake.destroy_stream(b);
+  cudaStream_t c = fake.create_stream();
+  REQUIRE(c == b);
+  Bytes::alloc_async(*pool, 4096, c).reset();
+  cudaStream_t d = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, d).reset();
+  pool->release_stream(d);  // recycles the states that are idle
+
+  for (int i = 0; i < 3; ++i) {
+    cudaStream_t fresh = fake.create_stream();
+    auto y = Bytes::alloc_async(*pool, 8 * MiB, fresh);
+    write_on(fake, fresh, y);
+  }
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
   fake.complete_all();
 }

@@ -1,0 +1,263 @@
+// The calls a capture forbids: while a stream is captured with a pool, nothing the library does,
+// on any thread, makes a call that CUDA refuses in that capture's mode (a refused call
+// invalidates the capture: seen on the H200, copied by the fake device). Where the library cannot
+// do what was asked without such a call it refuses with an error, or waits until the capture is
+// over; it never costs the caller the capture.
+#include "fake_helpers.hpp"
+#include "hooked_device.hpp"
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/error.hpp>
+
+#include <future>
+#include <optional>
+#include <thread>
+
+using fake_test::capture_status;
+using streampool::CapturedGraph;
+using streampool::CaptureMode;
+using streampool::CapturePool;
+using streampool::CaptureStatus;
+using streampool::Errc;
+using streampool::FakeDevice;
+using streampool::PooledBuffer;
+using streampool::StreamChecks;
+using Bytes = PooledBuffer<std::byte>;
+using Call = FakeDevice::Call;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Ends the capture with `pool` on `stream` whatever became of it, so that nothing of it outlives
+// the test (an invalidated capture throws; the stream leaves capture either way).
+void end_capture_anyway(cudaStream_t stream, const std::shared_ptr<CapturePool>& pool) {
+  try {
+    CapturedGraph graph = streampool::end_capture_with_pool(stream, pool);
+  } catch (const streampool::Error&) {
+  }
+}
+
+// Calls `call`, which may refuse with an Error: the test asserts what became of the capture.
+template <class F>
+void allowed_to_refuse(F call) {
+  try {
+    call();
+  } catch (const streampool::Error&) {
+  }
+}
+
+}  // namespace
+
+// Issue 8, item 17 (deallocate): the raw API's free asks its stream's id, to learn whether it is
+// the allocation's stream; on a capturing stream CUDA refuses that and invalidates the capture.
+// Under StreamChecks::none too, from a thread that has not seen the stream yet.
+TEST_CASE("a raw free on a stream captured with a pool asks nothing CUDA refuses",
+          "[!shouldfail]") {
+  for (StreamChecks checks : {StreamChecks::full, StreamChecks::identity, StreamChecks::none}) {
+    CAPTURE(static_cast<int>(checks));
+    auto options = test_options();
+    options.stream_checks = checks;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    void* p = pool->allocate(4096, s);  // before the capture
+    auto capture = std::make_shared<CapturePool>(*pool);
+    streampool::begin_capture_with_pool(capture, s);
+    if (checks == StreamChecks::none) {
+      std::thread([&] { pool->deallocate(p, 4096, s); }).join();
+    } else {
+      pool->deallocate(p, 4096, s);
+    }
+    CHECK(capture_status(fake, s) == CaptureStatus::active);
+    end_capture_anyway(s, capture);
+  }
+}
+
+// Issue 8, item 17 (record_stream): record_stream asks the named stream's id, refused (and the
+// capture invalidated) when that stream is being captured.
+TEST_CASE("record_stream naming a stream captured with a pool asks nothing CUDA refuses",
+          "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, 4096, o);
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  allowed_to_refuse([&] { x.record_stream(s); });  // the graph will use x
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// Issue 8, item 17 (release_stream): release_stream asks the stream's id first, refused (and the
+// capture invalidated) on a capturing stream.
+TEST_CASE("release_stream of a stream captured with a pool asks nothing CUDA refuses",
+          "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, s).reset();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  allowed_to_refuse([&] { pool->release_stream(s); });
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// Issue 8, item 18 (trim): trim synchronizes the device unless a global capture, or a
+// thread-local one of the calling thread, is under way. CUDA refuses cudaDeviceSynchronize
+// during any capture (relaxed included: seen on the H200), from any thread, and invalidates it.
+TEST_CASE("trim during a capture with a pool leaves the capture intact, in every mode and from "
+          "every thread", "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, s).reset();  // something to reclaim
+  auto capture = std::make_shared<CapturePool>(*pool);
+
+  SECTION("a relaxed capture") {
+    streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
+    pool->trim();
+  }
+  SECTION("a thread-local capture, and trim from another thread") {
+    streampool::begin_capture_with_pool(capture, s, CaptureMode::thread_local_);
+    std::thread([&] { pool->trim(); }).join();
+  }
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// Issue 8, item 18 (the out-of-memory ladder): its third step synchronizes the device under the
+// same condition as trim, and so invalidates a relaxed capture, or a thread-local one of another
+// thread, when some allocation runs out of memory meanwhile.
+TEST_CASE("an allocation out of memory during a capture with a pool leaves the capture intact, "
+          "in every mode and from every thread", "[!shouldfail]") {
+  auto options = test_options();
+  options.segment_bytes = MiB;  // segments as large as each request
+  PoolOnFake pool(options, FakeDevice::Options{.capacity = 48 * MiB});
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto kept = Bytes::alloc_async(*pool, 40 * MiB, o);
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::error_code error;
+
+  SECTION("a relaxed capture") {
+    streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
+    Bytes::try_alloc_async(*pool, 40 * MiB, o, error);  // does not fit beside `kept`
+  }
+  SECTION("a thread-local capture, and the allocation on another thread") {
+    streampool::begin_capture_with_pool(capture, s, CaptureMode::thread_local_);
+    std::thread([&] { Bytes::try_alloc_async(*pool, 40 * MiB, o, error); }).join();
+  }
+  CHECK(error == Errc::out_of_memory);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// Issue 8, item 19 (release_stream of another stream): release_stream waits for the released
+// stream's last fence with cudaEventSynchronize, which a global capture refuses from any thread.
+TEST_CASE("release_stream of another stream during a global capture leaves the capture intact",
+          "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, o);
+    write_on(fake, o, x);
+  }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  allowed_to_refuse([&] { pool->release_stream(o); });
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+  fake.complete_all();
+}
+
+// Issue 8, item 19 (another pool's end): a pool core that goes synchronizes the device and frees
+// its segments, whatever capture is under way; a global capture refuses both, from any thread.
+TEST_CASE("another MemoryPool's end during a global capture leaves the capture intact",
+          "[!shouldfail]") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto other = std::make_unique<streampool::MemoryPool>(pool.device, test_options());
+  std::optional<Bytes> last(Bytes::alloc_async(*other, 4096, o));
+  auto capture = std::make_shared<CapturePool>(*pool);
+
+  SECTION("the other MemoryPool destroyed") {
+    last.reset();  // nothing alive: the core goes with the MemoryPool
+    streampool::begin_capture_with_pool(capture, s);
+    other.reset();
+  }
+  SECTION("the last buffer of an orphaned MemoryPool dropped") {
+    other.reset();  // its core waits for the last buffer
+    streampool::begin_capture_with_pool(capture, s);
+    last.reset();
+  }
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// Issue 8, "also" (the "already bound" check): begin_capture_with_pool checks that the
+// CapturePool is not capturing, then begins the capture, and only then records it in the
+// CapturePool. Two threads beginning captures with one CapturePool on two streams both pass the
+// check, and the CapturePool ends up bound to two captures while it knows of one.
+TEST_CASE("a CapturePool is bound to one capture at a time, even when two threads begin at once",
+          "[!shouldfail]") {
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s1 = fake.create_stream();
+  cudaStream_t s2 = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  Errc second = Errc::success;
+  std::shared_future<void> second_done;
+  pool.device->after_next(Call::begin_capture, [&] {
+    // The first capture has begun, and begin_capture_with_pool has not returned: a second thread
+    // begins with the same CapturePool now. Should it get past the check, the fake refuses its
+    // capture, so that the test leaves no second capture behind.
+    fake.fail_next(Call::begin_capture);
+    second_done = on_own_thread([&] {
+      try {
+        streampool::begin_capture_with_pool(capture, s2);
+      } catch (const streampool::Error& e) {
+        second = e.errc();
+      }
+    });
+  });
+  streampool::begin_capture_with_pool(capture, s1);
+  pool.device->run_unfired();
+  second_done.wait();
+  fake.fail_next(Call::begin_capture, 0);
+  CHECK(second == Errc::capture_mismatch);
+  CHECK(capture_status(fake, s2) == CaptureStatus::none);
+  end_capture_anyway(s1, capture);
+}
+
+// Issue 8, "also" (the registration window): begin_capture_with_pool counts a capture among those
+// under way only after cudaStreamBeginCapture returned. In between, another thread's allocation
+// that must grow sees no global capture and calls cudaMalloc, which CUDA refuses, invalidating
+// the capture.
+TEST_CASE("no other thread makes a device allocation once a global capture with a pool has begun",
+          "[!shouldfail]") {
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::error_code error;
+  std::shared_future<void> grown;
+  pool.device->after_next(Call::begin_capture, [&] {
+    grown = on_own_thread([&] { Bytes::try_alloc_async(*pool, 8 * MiB, o, error); });
+  });
+  streampool::begin_capture_with_pool(capture, s);
+  pool.device->run_unfired();
+  grown.wait();
+  CHECK(error == Errc::capture_forbids_call);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
