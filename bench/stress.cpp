@@ -157,18 +157,20 @@ class ReservedWatch final : public ForwardingDevice {
 
 // What a configuration's workers share. The live counters are the truth the pool's stats are
 // checked against: raised before an allocation and lowered after its drop, so that they are never
-// below the pool's own count and their peaks never below the pool's true peaks.
+// below the pool's own count and their peaks never below the pool's true peaks. Every thread
+// writes them on every iteration: they have a cache line of their own, away from `stop`, which
+// every thread reads on every iteration.
 struct Shared {
   explicit Shared(MemoryPool& p, unsigned threads) : pool(p), start(threads + 1) {}
 
   MemoryPool& pool;
   std::latch start;
-  std::atomic<bool> stop{false};
-  std::atomic<std::int64_t> live{0};
+  alignas(64) std::atomic<bool> stop{false};
+  alignas(64) std::atomic<std::int64_t> live{0};
   std::atomic<std::int64_t> live_peak{0};
   std::atomic<std::int64_t> requested{0};
   std::atomic<std::int64_t> requested_peak{0};
-  std::atomic<std::uint64_t> failed_allocations{0};
+  alignas(64) std::atomic<std::uint64_t> failed_allocations{0};
 
   std::mutex error_mutex;
   std::uint64_t error_count = 0;
@@ -328,8 +330,8 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
 
   std::unique_ptr<StressTarget> target = make_target(fake, pool_options, options.seed);
   result.target = target->description();
-  log << fmt::format("stress [{}] on {}: {} threads, {}, {} s\n  STREAMPOOL_CONF={}\n",
-                     result.label, result.target, threads,
+  log << fmt::format("stress [{}] on {}: {} thread{}, {}, {} s\n  STREAMPOOL_CONF={}\n",
+                     result.label, result.target, threads, threads == 1 ? "" : "s",
                      options.churn ? fmt::format("churn every {} buffers", options.churn)
                                    : std::string("no churn"),
                      options.seconds, result.config)
@@ -603,7 +605,8 @@ std::vector<StressResult> run_stress(const StressOptions& options, std::ostream&
 Table stress_table(const StressResult& r) {
   Table t;
   t.title = fmt::format(
-      "stress [{}]: {}, {} threads, {}, {:.1f} s", r.label, r.target, r.threads,
+      "stress [{}]: {}, {} thread{}, {}, {:.1f} s", r.label, r.target, r.threads,
+      r.threads == 1 ? "" : "s",
       r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
       r.seconds);
   t.note = "STREAMPOOL_CONF=" + r.config;

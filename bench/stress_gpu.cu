@@ -73,28 +73,29 @@ void clear_last_error() { static_cast<void>(cudaGetLastError()); }
 class GpuLane final : public StressLane {
  public:
   explicit GpuLane(int ordinal) : ordinal_(ordinal) {
-    enter_thread();
-    checked(cudaStreamCreateWithFlags(&first_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    checked(cudaStreamCreateWithFlags(&second_, cudaStreamNonBlocking),
-            "cudaStreamCreateWithFlags");
-    checked(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    void* counter = nullptr;
-    checked(cudaMalloc(&counter, sizeof(unsigned long long)), "cudaMalloc (mismatch counter)");
-    mismatches_ = static_cast<unsigned long long*>(counter);
-    // On first_, and waited for: a plain cudaMemset goes to the legacy stream, which
-    // non-blocking streams do not wait for.
-    checked(cudaMemsetAsync(mismatches_, 0, sizeof(unsigned long long), first_), "cudaMemsetAsync");
-    checked(cudaStreamSynchronize(first_), "cudaStreamSynchronize");
-  }
-
-  // finish() has waited for the lane's work; what fails here can only be reported as lost.
-  ~GpuLane() override {
-    if (mismatches_ != nullptr) static_cast<void>(cudaFree(mismatches_));
-    if (order_ != nullptr) static_cast<void>(cudaEventDestroy(order_));
-    for (cudaStream_t s : {first_, second_}) {
-      if (s != nullptr) static_cast<void>(cudaStreamDestroy(s));
+    try {
+      enter_thread();
+      checked(cudaStreamCreateWithFlags(&first_, cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+      checked(cudaStreamCreateWithFlags(&second_, cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+      checked(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming),
+              "cudaEventCreateWithFlags");
+      void* counter = nullptr;
+      checked(cudaMalloc(&counter, sizeof(unsigned long long)), "cudaMalloc (mismatch counter)");
+      mismatches_ = static_cast<unsigned long long*>(counter);
+      // On first_, and waited for: a plain cudaMemset goes to the legacy stream, which
+      // non-blocking streams do not wait for.
+      checked(cudaMemsetAsync(mismatches_, 0, sizeof(unsigned long long), first_),
+              "cudaMemsetAsync");
+      checked(cudaStreamSynchronize(first_), "cudaStreamSynchronize");
+    } catch (...) {
+      release();
+      throw;
     }
   }
+
+  ~GpuLane() override { release(); }
 
   void enter_thread() override { checked(cudaSetDevice(ordinal_), "cudaSetDevice"); }
   cudaStream_t first() const override { return first_; }
@@ -145,6 +146,19 @@ class GpuLane final : public StressLane {
   cudaStream_t second_ = nullptr;
   cudaEvent_t order_ = nullptr;
   unsigned long long* mismatches_ = nullptr;
+
+  // After finish() has waited for the lane's work (or a failure ended the run): what fails here
+  // can only be reported as lost, and the run has already said what went wrong.
+  void release() noexcept {
+    if (mismatches_ != nullptr) static_cast<void>(cudaFree(mismatches_));
+    if (order_ != nullptr) static_cast<void>(cudaEventDestroy(order_));
+    for (cudaStream_t s : {first_, second_}) {
+      if (s != nullptr) static_cast<void>(cudaStreamDestroy(s));
+    }
+    mismatches_ = nullptr;
+    order_ = nullptr;
+    first_ = second_ = nullptr;
+  }
 };
 
 class GpuStressTarget final : public StressTarget {
