@@ -1,4 +1,5 @@
-// streampool-bench: replay allocation traces, tune size classes, compare with every peer.
+// streampool-bench: replay allocation traces, tune size classes, compare with every peer, stress
+// the pool with real multi-stream work.
 //
 //   streampool-bench                      the main job: replays the embedded workloads
 //   streampool-bench replay  [TRACE...] [--workload NAME]... [--config CONF] [--fake]
@@ -7,10 +8,14 @@
 //   streampool-bench compare [TRACE...] [--workload NAME]... [--torch-summary FILE] [--out DIR]
 //                            [--quick]
 //   streampool-bench workloads --write DIR
+//   streampool-bench stress  [--seconds S] [--threads T] [--churn N] [--config CONF]... [--fake]
+//                            [--out DIR] [--interval I] [--max-growth X] [--seed N]
+//                            (its own options: stress.hpp; `stress --help`)
 //
 // Common: --json (reports as JSON on stdout), --seed N (embedded workloads), --help.
 #include "compare.hpp"
 #include "report.hpp"
+#include "stress.hpp"
 #include "svg.hpp"
 #include "trace.hpp"
 #include "tune.hpp"
@@ -34,13 +39,15 @@ using streampool::PoolOptions;
 namespace {
 
 const char* usage =
-    "usage: streampool-bench [replay|tune|compare|workloads] [TRACE...] [options]\n"
+    "usage: streampool-bench [replay|tune|compare|workloads|stress] [TRACE...] [options]\n"
     "\n"
     "  (no command)  replay the embedded workloads (the main job)\n"
     "  replay        replay traces through the pool, on the GPU if there is one\n"
     "  tune          search pool configurations on the traces, print the best as STREAMPOOL_CONF\n"
     "  compare       measure streampool against cudaMalloc, cudaMallocAsync, CUB and PyTorch\n"
     "  workloads     --write DIR: save the embedded workloads as CSV traces\n"
+    "  stress        threads allocate, write, check and drop buffers on two streams each; fails\n"
+    "                on corruption, races, growth or wrong stats (`stress --help`: its options)\n"
     "\n"
     "options:\n"
     "  --workload NAME    add an embedded workload (random, transformer, pipeline, all)\n"
@@ -320,6 +327,10 @@ int run_workloads(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // stress has options of its own, parsed (and tested) in stress.cpp.
+  if (argc > 1 && std::string(argv[1]) == "stress") {
+    return sb::stress_command(std::vector<std::string>(argv + 2, argv + argc));
+  }
   const Args args = parse(argc, argv);
   try {
     if (args.command == "tune") return run_tune(args);

@@ -1,0 +1,736 @@
+#include "stress.hpp"
+
+#include "report.hpp"
+#include "stress_target.hpp"
+#include "svg.hpp"
+
+#include <streampool/cuda_device.hpp>
+#include <streampool/error.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <latch>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+namespace streampool::bench {
+
+const char* const stress_usage =
+    "usage: streampool-bench stress [options]\n"
+    "\n"
+    "Threads, two streams each, share one pool; each iteration allocates a buffer, writes a tag\n"
+    "into it with a kernel that first spins 0-60 us, checks the tag with a second kernel (a third\n"
+    "of the time on the second stream, ordered by an event, with record_stream) and drops the\n"
+    "buffer while both may still run. Exits with 1 on a corrupted word, a race (fake device), a\n"
+    "failed allocation, stats peaks above the truth plus their slack, or growth (--max-growth).\n"
+    "\n"
+    "options:\n"
+    "  --seconds S       seconds per configuration (default 30)\n"
+    "  --threads T       worker threads (default 12 on the GPU, 4 on the fake device, where 12\n"
+    "                    threads on two cores starve the completer that plays the GPU)\n"
+    "  --churn N         every N buffers a thread destroys its first stream and creates a new one\n"
+    "  --config CONF     pool options as STREAMPOOL_CONF; repeat to compare configurations in one\n"
+    "                    run, each for S seconds with a fresh pool (\"\": the defaults)\n"
+    "  --fake            the fake device even where there is a GPU (the default without one)\n"
+    "  --out DIR         write stress.csv (the progress samples) and stress-reserved.svg there\n"
+    "  --interval I      seconds between progress lines (default 5)\n"
+    "  --max-growth X    fail when the last window's peak reserved is above X times the first's\n"
+    "                    (windows: 60 s for runs of 5 minutes or more, else a fifth of the run),\n"
+    "                    or when the pool ran the device out of memory\n"
+    "  --seed N          seed of the sizes, spins and tags (default 1)\n";
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t hot_sizes = 8;
+constexpr std::size_t kept_errors = 5;
+constexpr std::uint64_t timing_period = 16;  // time every 16th allocation and drop
+constexpr std::uint32_t max_spin_ns = 60'000;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::uint32_t nanoseconds_since(Clock::time_point start) {
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  return static_cast<std::uint32_t>(
+      std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
+}
+
+double positive_number(const std::string& option, const std::string& text) {
+  try {
+    std::size_t end = 0;
+    const double value = std::stod(text, &end);
+    if (end == text.size() && std::isfinite(value) && value > 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw StressUsageError(fmt::format("{} needs a positive number, not '{}'", option, text));
+}
+
+std::uint64_t whole_number(const std::string& option, const std::string& text, std::uint64_t least,
+                           std::uint64_t most) {
+  try {
+    std::size_t end = 0;
+    // stoull accepts a sign ("-1" wraps): only digits are a whole number here.
+    if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+      const std::uint64_t value = std::stoull(text, &end);
+      if (end == text.size() && value >= least && value <= most) return value;
+    }
+  } catch (const std::exception&) {
+  }
+  throw StressUsageError(
+      fmt::format("{} needs a whole number from {} to {}, not '{}'", option, least, most, text));
+}
+
+PoolOptions pool_options_of(const std::string& conf) {
+  PoolOptions options = PoolOptions::parse(conf);
+  options.read_environment = false;  // after parsing: STREAMPOOL_CONF must not change the runs
+  return options;
+}
+
+// The device under the pool, counting the bytes it holds so that the peak of any stretch of the
+// run is exact (the pool's own peak covers the whole run only). Device mallocs and frees are the
+// pool's slow path: a mutex here costs nothing on the fast path.
+class ReservedWatch final : public ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+
+  cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override {
+    const cudaError_t status = ForwardingDevice::malloc(ptr, bytes);
+    if (status == cudaSuccess && *ptr != nullptr) {
+      std::lock_guard lock(mutex_);
+      try {
+        sizes_.emplace(*ptr, bytes);
+      } catch (const std::bad_alloc&) {
+        lost_ = true;  // that allocation's free will not be subtracted: peaks read high
+      }
+      current_ += static_cast<std::int64_t>(bytes);
+      peak_ = std::max(peak_, current_);
+    }
+    return status;
+  }
+
+  cudaError_t free(void* ptr) noexcept override {
+    const cudaError_t status = ForwardingDevice::free(ptr);
+    if (status == cudaSuccess) {
+      std::lock_guard lock(mutex_);
+      if (auto it = sizes_.find(ptr); it != sizes_.end()) {
+        current_ -= static_cast<std::int64_t>(it->second);
+        sizes_.erase(it);
+      }
+    }
+    return status;
+  }
+
+  // The peak since the last call (or the start), and a new stretch begins now.
+  std::int64_t take_peak() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(peak_, current_);
+  }
+
+  bool lost() const {
+    std::lock_guard lock(mutex_);
+    return lost_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, std::size_t> sizes_;
+  std::int64_t current_ = 0;
+  std::int64_t peak_ = 0;
+  bool lost_ = false;
+};
+
+// What a configuration's workers share. The live counters are the truth the pool's stats are
+// checked against: raised before an allocation and lowered after its drop, so that they are never
+// below the pool's own count and their peaks never below the pool's true peaks. Every thread
+// writes them on every iteration: they have a cache line of their own, away from `stop`, which
+// every thread reads on every iteration.
+struct Shared {
+  explicit Shared(MemoryPool& p, unsigned threads) : pool(p), start(threads + 1) {}
+
+  MemoryPool& pool;
+  std::latch start;
+  alignas(64) std::atomic<bool> stop{false};
+  alignas(64) std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> live_peak{0};
+  std::atomic<std::int64_t> requested{0};
+  std::atomic<std::int64_t> requested_peak{0};
+  alignas(64) std::atomic<std::uint64_t> failed_allocations{0};
+
+  std::mutex error_mutex;
+  std::uint64_t error_count = 0;
+  std::vector<std::string> errors;
+
+  static void raise(std::atomic<std::int64_t>& peak, std::int64_t value) {
+    std::int64_t seen = peak.load(std::memory_order_relaxed);
+    while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+    }
+  }
+  void count_allocation(std::int64_t bytes) {
+    raise(live_peak, live.fetch_add(1, std::memory_order_relaxed) + 1);
+    raise(requested_peak, requested.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  }
+  void count_drop(std::int64_t bytes) {
+    live.fetch_sub(1, std::memory_order_relaxed);
+    requested.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  // Any failure ends the configuration's run: after a failed allocation or device call the
+  // figures no longer describe the workload.
+  void fail(std::string what) {
+    {
+      std::lock_guard lock(error_mutex);
+      ++error_count;
+      if (errors.size() < kept_errors) errors.push_back(std::move(what));
+    }
+    stop = true;
+  }
+};
+
+// One worker's figures, apart from the others' (no shared cache line on the loop's path).
+struct alignas(64) WorkerState {
+  std::atomic<std::uint64_t> buffers{0};
+  std::vector<std::uint32_t> allocate_ns;
+  std::vector<std::uint32_t> drop_ns;
+};
+
+// The sizes every worker draws from: the hot set is the same for all of them.
+struct Workload {
+  std::vector<std::size_t> hot_words;  // 4-32 KiB
+  unsigned threads = 0;
+  std::uint64_t churn = 0;
+  std::uint64_t seed = 0;
+  bool release_before_renew = false;  // StreamChecks::none: the contract asks for release_stream
+
+  static Workload make(const StressOptions& options, unsigned threads, const PoolOptions& pool) {
+    Workload w;
+    std::mt19937_64 random(options.seed);
+    std::uniform_int_distribution<std::size_t> hot(1024, 8192);  // words
+    for (std::size_t i = 0; i < hot_sizes; ++i) w.hot_words.push_back(hot(random));
+    w.threads = threads;
+    w.churn = options.churn;
+    w.seed = options.seed;
+    w.release_before_renew = pool.stream_checks == StreamChecks::none;
+    return w;
+  }
+
+  std::size_t words(std::mt19937_64& random) const {
+    if (random() % 2 == 0) return hot_words[random() % hot_words.size()];
+    // 1 KiB to just under 8 MiB, an odd number of words: sizes no class or rounding fits exactly.
+    constexpr std::size_t least = 256, most = (std::size_t{8} << 20) / sizeof(unsigned) - 1;
+    return (least + random() % (most - least)) | 1;
+  }
+
+  // Unique per iteration of any thread (until 2^32 iterations in all): an odd multiplier is a
+  // bijection modulo 2^32, and scatters the tags of neighbouring iterations.
+  std::uint32_t tag(std::uint64_t iteration, unsigned thread) const {
+    const auto n = static_cast<std::uint32_t>(iteration * threads + thread + 1);
+    return n * 0x9E3779B1u;
+  }
+};
+
+void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workload& workload,
+                unsigned index) {
+  shared.start.arrive_and_wait();
+  try {
+    lane.enter_thread();
+    std::mt19937_64 random(workload.seed * 0x100000001B3ull + index + 1);
+    std::uniform_int_distribution<std::uint32_t> spin(0, max_spin_ns);
+    for (std::uint64_t i = 0; !shared.stop.load(std::memory_order_relaxed); ++i) {
+      const std::size_t words = workload.words(random);
+      const auto bytes = static_cast<std::int64_t>(words * sizeof(unsigned));
+      const std::uint32_t tag = workload.tag(i, index);
+      const bool on_second = random() % 3 == 0;
+      const bool timed = i % timing_period == 0;
+      const cudaStream_t first = lane.first();
+
+      shared.count_allocation(bytes);
+      std::error_code error;
+      auto started = Clock::now();
+      auto buffer = PooledBuffer<unsigned>::try_alloc_async(shared.pool, words, first, error);
+      if (timed) me.allocate_ns.push_back(nanoseconds_since(started));
+      if (error || buffer.is_empty()) {
+        shared.count_drop(bytes);
+        shared.failed_allocations.fetch_add(1, std::memory_order_relaxed);
+        shared.fail(fmt::format("thread {}: allocation of {} bytes failed: {}", index, bytes,
+                                error ? error.message() : "an empty buffer and no error"));
+        return;
+      }
+      lane.write_tag(buffer.data(), words, tag, spin(random));
+      lane.check_tag(buffer.data(), words, tag, on_second);
+      if (on_second) buffer.record_stream(lane.second());
+      started = Clock::now();
+      buffer.reset();  // both kernels may still run
+      if (timed) me.drop_ns.push_back(nanoseconds_since(started));
+      shared.count_drop(bytes);
+      me.buffers.store(i + 1, std::memory_order_relaxed);
+
+      if (workload.churn != 0 && (i + 1) % workload.churn == 0) {
+        // Every buffer used on the first stream is dropped, as the contract asks.
+        if (workload.release_before_renew) shared.pool.release_stream(first);
+        lane.renew_first();
+      }
+    }
+  } catch (const std::exception& e) {
+    shared.fail(fmt::format("thread {}: {}", index, e.what()));
+  }
+}
+
+std::unique_ptr<StressTarget> make_target(bool fake, const PoolOptions& options,
+                                          std::uint64_t seed) {
+  return fake ? make_fake_stress_target(options, seed) : make_gpu_stress_target();
+}
+
+std::string label_of(const std::string& conf) { return conf.empty() ? "default" : conf; }
+
+// Stops the target's completer on every way out of a run, so that it never outlives the lanes.
+struct Started {
+  StressTarget& target;
+  bool stopped = false;
+  void stop() {
+    stopped = true;
+    target.stop();
+  }
+  ~Started() {
+    if (stopped) return;
+    try {
+      target.stop();
+    } catch (const std::exception&) {
+      // Already failing: the first error is the one reported.
+    }
+  }
+};
+
+StressResult run_one(const StressOptions& options, const std::string& conf, bool fake,
+                     unsigned threads, std::ostream& log) {
+  const PoolOptions pool_options = pool_options_of(conf);
+  const Workload workload = Workload::make(options, threads, pool_options);
+  StressResult result;
+  result.label = label_of(conf);
+  result.config = pool_options.to_conf();
+  result.threads = threads;
+  result.churn = options.churn;
+  result.streams_alive = std::int64_t{2} * threads;
+  result.stats_granule = pool_options.stats_granule;
+  result.window_seconds = window_seconds(options.seconds);
+
+  std::unique_ptr<StressTarget> target = make_target(fake, pool_options, options.seed);
+  result.target = target->description();
+  log << fmt::format("stress [{}] on {}: {} thread{}, {}, {} s\n  STREAMPOOL_CONF={}\n",
+                     result.label, result.target, threads, threads == 1 ? "" : "s",
+                     options.churn ? fmt::format("churn every {} buffers", options.churn)
+                                   : std::string("no churn"),
+                     options.seconds, result.config)
+      << std::flush;
+
+  auto watch = std::make_shared<ReservedWatch>(target->device());
+  std::vector<std::unique_ptr<StressLane>> lanes;
+  for (unsigned t = 0; t < threads; ++t) lanes.push_back(target->make_lane());
+  auto pool = std::make_unique<MemoryPool>(watch, pool_options);
+  Shared shared(*pool, threads);
+  std::vector<WorkerState> workers(threads);
+  Started started{*target};
+  target->start();
+
+  std::vector<std::thread> running;
+  for (unsigned t = 0; t < threads; ++t) {
+    running.emplace_back(run_worker, std::ref(shared), std::ref(*lanes[t]), std::ref(workers[t]),
+                         std::cref(workload), t);
+  }
+  const auto buffers_now = [&] {
+    std::uint64_t n = 0;
+    for (const WorkerState& w : workers) n += w.buffers.load(std::memory_order_relaxed);
+    return n;
+  };
+  std::uint64_t last_buffers = 0;
+  double last_seconds = 0;
+  const auto sample = [&](double now) {
+    const PoolStats stats = pool->stats();
+    const std::uint64_t buffers = buffers_now();
+    StressSample s;
+    s.seconds = now;
+    s.buffers_per_second =
+        now > last_seconds ? double(buffers - last_buffers) / (now - last_seconds) : 0;
+    s.reserved_bytes = stats.reserved_bytes.current;
+    s.device_allocations = stats.device_allocations;
+    s.fences = stats.fences_recorded;
+    result.samples.push_back(s);
+    last_buffers = buffers;
+    last_seconds = now;
+    log << fmt::format(
+               "  [{}] {:7.1f} s {:>10.0f} buffers/s  reserved {:>10}  device allocations "
+               "{:>6}  fences {:>9}\n",
+               result.label, s.seconds, s.buffers_per_second,
+               human_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, s.reserved_bytes))),
+               s.device_allocations, s.fences)
+        << std::flush;
+  };
+
+  // The main thread watches: progress lines, and the two windows' peaks.
+  shared.start.arrive_and_wait();
+  const Clock::time_point begin = Clock::now();
+  const double window = result.window_seconds;
+  bool first_window_taken = false;
+  bool last_window_begun = false;
+  double next_sample = options.interval;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const double now = seconds_since(begin);
+    if (!first_window_taken && now >= window) {
+      result.first_window_peak = watch->take_peak();
+      first_window_taken = true;
+    }
+    if (first_window_taken && !last_window_begun && now >= options.seconds - window) {
+      watch->take_peak();
+      last_window_begun = true;
+    }
+    if (now >= options.seconds || shared.stop.load()) break;
+    if (now >= next_sample) {
+      sample(now);
+      next_sample += options.interval;
+    }
+  }
+  shared.stop = true;
+  for (std::thread& t : running) t.join();
+  result.seconds = seconds_since(begin);
+  result.last_window_peak = watch->take_peak();
+  if (!first_window_taken) result.first_window_peak = result.last_window_peak;  // ended early
+  if (result.seconds - last_seconds > 0.05 * options.interval) sample(result.seconds);
+
+  try {
+    started.stop();  // all work complete from here on
+    for (auto& lane : lanes) result.corrupted_words += lane->finish();
+  } catch (const std::exception& e) {
+    shared.fail(fmt::format("after the run: {}", e.what()));
+  }
+  result.stats = pool->stats();
+  pool.reset();
+  result.buffers = buffers_now();
+  result.failed_allocations = shared.failed_allocations.load();
+  result.error_count = shared.error_count;
+  result.errors = shared.errors;
+  if (watch->lost()) {
+    result.errors.push_back(
+        "(the window peaks may read high: the bench lost track of a device "
+        "allocation's size)");
+  }
+  const std::vector<std::string> hazards = target->hazards();
+  result.hazard_count = hazards.size();
+  for (std::size_t i = 0; i < hazards.size() && i < kept_errors; ++i) {
+    result.hazards.push_back(hazards[i]);
+  }
+  result.true_live_peak = shared.live_peak.load();
+  result.true_requested_peak = shared.requested_peak.load();
+
+  std::vector<std::uint32_t> allocate_ns, drop_ns;
+  for (WorkerState& w : workers) {
+    allocate_ns.insert(allocate_ns.end(), w.allocate_ns.begin(), w.allocate_ns.end());
+    drop_ns.insert(drop_ns.end(), w.drop_ns.begin(), w.drop_ns.end());
+  }
+  result.allocate = summarize_latency(std::move(allocate_ns));
+  result.drop = summarize_latency(std::move(drop_ns));
+  return result;
+}
+
+std::string bytes_text(std::int64_t bytes) {
+  return human_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, bytes)));
+}
+
+}  // namespace
+
+StressOptions parse_stress_options(const std::vector<std::string>& args) {
+  StressOptions o;
+  std::vector<std::string> configs;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const auto next = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw StressUsageError(a + " needs a value");
+      return args[++i];
+    };
+    constexpr std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
+    if (a == "--help" || a == "-h") o.help = true;
+    else if (a == "--seconds") o.seconds = positive_number(a, next());
+    else if (a == "--threads") o.threads = static_cast<unsigned>(whole_number(a, next(), 1, 1024));
+    else if (a == "--churn") o.churn = whole_number(a, next(), 0, any);
+    else if (a == "--config") configs.push_back(next());
+    else if (a == "--fake") o.fake = true;
+    else if (a == "--out") o.out = next();
+    else if (a == "--interval") o.interval = positive_number(a, next());
+    else if (a == "--max-growth") o.max_growth = positive_number(a, next());
+    else if (a == "--seed") o.seed = whole_number(a, next(), 0, any);
+    else if (!a.empty() && a[0] == '-') throw StressUsageError("stress: unknown option " + a);
+    else throw StressUsageError("stress takes no traces or other arguments: '" + a + "'");
+  }
+  if (!configs.empty()) o.configs = configs;
+  for (const std::string& conf : o.configs) {
+    try {
+      const PoolOptions options = pool_options_of(conf);
+      if (const std::string why = options.validate(); !why.empty()) {
+        throw Error(Errc::invalid_value, why);
+      }
+    } catch (const Error& e) {
+      throw StressUsageError(fmt::format("--config '{}': {}", conf, e.what()));
+    }
+  }
+  return o;
+}
+
+Latency summarize_latency(std::vector<std::uint32_t> ns) {
+  Latency l;
+  l.samples = ns.size();
+  if (ns.empty()) return l;
+  double sum = 0;
+  for (std::uint32_t v : ns) sum += v;
+  l.mean_ns = sum / double(ns.size());
+  const std::size_t rank = (ns.size() - 1) * 99 / 100;
+  std::nth_element(ns.begin(), ns.begin() + static_cast<std::ptrdiff_t>(rank), ns.end());
+  l.p99_ns = ns[rank];
+  return l;
+}
+
+double StressResult::growth() const { return growth_ratio(first_window_peak, last_window_peak); }
+
+StatsSlack stats_slack(std::size_t stats_granule, std::int64_t streams) {
+  const auto granule = static_cast<std::int64_t>(stats_granule);
+  if (granule == 0) return {};
+  return {streams * 2 * granule, streams * 2 * std::max<std::int64_t>(1, granule >> 14)};
+}
+
+double growth_ratio(std::int64_t first_window_peak, std::int64_t last_window_peak) {
+  if (first_window_peak <= 0) {
+    return last_window_peak <= 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  }
+  return double(last_window_peak) / double(first_window_peak);
+}
+
+double window_seconds(double run_seconds) { return run_seconds >= 300 ? 60 : run_seconds / 5; }
+
+std::vector<std::string> stress_failures(const StressResult& r, double max_growth) {
+  std::vector<std::string> failures;
+  const auto fail = [&](std::string what) {
+    failures.push_back(fmt::format("[{}] {}", r.label, what));
+  };
+  if (r.corrupted_words > 0) {
+    fail(
+        fmt::format("{} corrupted words: a check kernel found another iteration's tag, so a block "
+                    "was handed out while work of its previous owner was pending",
+                    r.corrupted_words));
+  }
+  if (r.hazard_count > 0) {
+    fail(fmt::format("{} hazards on the fake device; the first: {}", r.hazard_count,
+                     r.hazards.empty() ? std::string("?") : r.hazards.front()));
+  }
+  if (r.failed_allocations > 0) {
+    fail(fmt::format("{} failed allocations", r.failed_allocations));
+  }
+  if (r.error_count > 0) {
+    fail(fmt::format("{} errors ended the run; the first: {}", r.error_count,
+                     r.errors.empty() ? std::string("?") : r.errors.front()));
+  }
+  if (max_growth > 0 && r.growth() > max_growth) {
+    fail(
+        fmt::format("reserved memory grew {:.2f}x: peak {} in the last {:.0f} s against {} in the "
+                    "first, above --max-growth {}",
+                    r.growth(), bytes_text(r.last_window_peak), r.window_seconds,
+                    bytes_text(r.first_window_peak), max_growth));
+  }
+  if (max_growth > 0 && r.stats.oom_retries > 0) {
+    // The device's capacity caps both windows' peaks: a pool that fills it within the first
+    // window shows no growth, however unbounded its appetite.
+    fail(
+        fmt::format("the pool ran out of device memory ({} out-of-memory retries, peak reserved "
+                    "{}) with at most {} requested at once: memory is not bounded",
+                    r.stats.oom_retries, bytes_text(r.stats.reserved_bytes.peak),
+                    bytes_text(r.true_requested_peak)));
+  }
+  const StatsSlack slack = stats_slack(r.stats_granule, r.streams_alive);
+  if (r.stats.live_allocations.peak > r.true_live_peak + slack.allocations) {
+    fail(
+        fmt::format("stats: live_allocations.peak {} is above the true peak {} plus the slack {} "
+                    "({} streams alive, stats_granule {})",
+                    r.stats.live_allocations.peak, r.true_live_peak, slack.allocations,
+                    r.streams_alive, r.stats_granule));
+  }
+  if (r.stats.requested_bytes.peak > r.true_requested_peak + slack.bytes) {
+    fail(
+        fmt::format("stats: requested_bytes.peak {} is above the true peak {} plus the slack {} "
+                    "({} streams alive, stats_granule {})",
+                    r.stats.requested_bytes.peak, r.true_requested_peak, slack.bytes,
+                    r.streams_alive, r.stats_granule));
+  }
+  return failures;
+}
+
+std::vector<StressResult> run_stress(const StressOptions& options, std::ostream& log) {
+  const bool fake = options.fake || CudaDevice::count() == 0;
+  if (!fake && !gpu_stress_built()) make_gpu_stress_target();  // throws, saying why
+  const unsigned threads = options.threads != 0 ? options.threads
+                           : fake               ? fake_default_threads
+                                                : gpu_default_threads;
+  if (fake && !options.fake) log << "no GPU: running on the fake device\n";
+  std::vector<StressResult> results;
+  for (const std::string& conf : options.configs) {
+    try {
+      results.push_back(run_one(options, conf, fake, threads, log));
+    } catch (const std::exception& e) {
+      // The run could not be set up (streams, events, the pool): a result that fails its checks,
+      // and the next configuration still runs.
+      StressResult failed;
+      failed.label = label_of(conf);
+      failed.config = pool_options_of(conf).to_conf();
+      failed.threads = threads;
+      failed.churn = options.churn;
+      failed.error_count = 1;
+      failed.errors.push_back(fmt::format("setting up the run: {}", e.what()));
+      results.push_back(std::move(failed));
+    }
+  }
+  return results;
+}
+
+Table stress_table(const StressResult& r) {
+  Table t;
+  t.title = fmt::format(
+      "stress [{}]: {}, {} thread{}, {}, {:.1f} s", r.label, r.target, r.threads,
+      r.threads == 1 ? "" : "s",
+      r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
+      r.seconds);
+  t.note = "STREAMPOOL_CONF=" + r.config;
+  t.header = {"figure", "value"};
+  const auto row = [&t](std::string name, std::string value) {
+    t.rows.push_back({std::move(name), std::move(value)});
+  };
+  const auto latency = [](const Latency& l) {
+    return l.samples == 0
+               ? std::string("n/a")
+               : fmt::format("{:.0f} / {:.0f} ({} samples)", l.mean_ns, l.p99_ns, l.samples);
+  };
+  row("buffers", fmt::format("{}", r.buffers));
+  row("buffers / s", fmt::format("{:.0f}", r.buffers_per_second()));
+  row("fences / buffer", fmt::format("{:.3f}", r.fences_per_buffer()));
+  row("device allocations", fmt::format("{}", r.stats.device_allocations));
+  row("peak reserved", bytes_text(r.stats.reserved_bytes.peak));
+  row(fmt::format("peak reserved, first {:.0f} s", r.window_seconds),
+      bytes_text(r.first_window_peak));
+  row(fmt::format("peak reserved, last {:.0f} s", r.window_seconds),
+      bytes_text(r.last_window_peak));
+  row("growth (last / first)", fmt::format("{:.3f}", r.growth()));
+  row("allocate ns, mean / p99", latency(r.allocate));
+  row("drop ns, mean / p99", latency(r.drop));
+  row("cross-stream reuses", fmt::format("{}", r.stats.cross_stream_reuses));
+  row("blocking fallbacks", fmt::format("{}", r.stats.blocking_fallbacks));
+  row("out-of-memory retries", fmt::format("{}", r.stats.oom_retries));
+  row(r.target == "fake device" ? "corrupted words (3 checked per buffer)" : "corrupted words",
+      fmt::format("{}", r.corrupted_words));
+  row("live allocations peak: stats / true",
+      fmt::format("{} / {}", r.stats.live_allocations.peak, r.true_live_peak));
+  row("requested bytes peak: stats / true",
+      fmt::format("{} / {}", bytes_text(r.stats.requested_bytes.peak),
+                  bytes_text(r.true_requested_peak)));
+  if (r.target == "fake device") row("hazards", fmt::format("{}", r.hazard_count));
+  row("failed allocations", fmt::format("{}", r.failed_allocations));
+  return t;
+}
+
+Table stress_samples_table(const std::vector<StressResult>& results) {
+  Table t;
+  t.title = "stress: progress samples";
+  t.header = {"config", "seconds", "buffers_per_second", "reserved_bytes", "device_allocations",
+              "fences"};
+  for (const StressResult& r : results) {
+    for (const StressSample& s : r.samples) {
+      t.rows.push_back({r.label, fmt::format("{:.3f}", s.seconds),
+                        fmt::format("{:.0f}", s.buffers_per_second),
+                        fmt::format("{}", s.reserved_bytes),
+                        fmt::format("{}", s.device_allocations), fmt::format("{}", s.fences)});
+    }
+  }
+  return t;
+}
+
+std::string stress_plot(const std::vector<StressResult>& results) {
+  static const char* const colours[] = {"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e",
+                                        "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::vector<Series> series;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const StressResult& r = results[i];
+    Series s{r.label, colours[i % std::size(colours)], {0.0}, {0.0}};  // a fresh pool holds nothing
+    for (const StressSample& sample : r.samples) {
+      s.x.push_back(sample.seconds);
+      s.y.push_back(double(sample.reserved_bytes));
+    }
+    series.push_back(std::move(s));
+  }
+  const std::string churn = !results.empty() && results.front().churn
+                                ? fmt::format(", churn every {} buffers", results.front().churn)
+                                : std::string();
+  return svg_plot(series, {"Reserved memory under stress" + churn, "seconds", "reserved bytes"});
+}
+
+int stress_command(const std::vector<std::string>& args) {
+  StressOptions options;
+  try {
+    options = parse_stress_options(args);
+  } catch (const StressUsageError& e) {
+    std::cerr << "streampool-bench: " << e.what() << "\n\n" << stress_usage;
+    return 2;
+  }
+  if (options.help) {
+    std::cout << stress_usage;
+    return 0;
+  }
+  std::vector<StressResult> results;
+  try {
+    results = run_stress(options, std::cout);
+  } catch (const std::exception& e) {
+    std::cerr << "streampool-bench: stress: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "\n";
+  for (const StressResult& r : results) std::cout << stress_table(r).markdown() << "\n";
+
+  if (!options.out.empty()) {
+    try {
+      std::filesystem::create_directories(options.out);
+      const std::filesystem::path dir(options.out);
+      std::ofstream(dir / "stress.csv") << stress_samples_table(results).csv();
+      std::ofstream(dir / "stress-reserved.svg") << stress_plot(results);
+      std::cout << "wrote " << (dir / "stress.csv").string() << " and "
+                << (dir / "stress-reserved.svg").string() << "\n\n";
+    } catch (const std::exception& e) {
+      std::cerr << "streampool-bench: stress: writing " << options.out << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+
+  std::vector<std::string> failures;
+  for (const StressResult& r : results) {
+    for (std::string& f : stress_failures(r, options.max_growth)) failures.push_back(std::move(f));
+  }
+  if (failures.empty()) {
+    std::cout << "checks: all passed\n";
+    return 0;
+  }
+  std::cout << "checks: " << failures.size() << " failed\n";
+  for (const std::string& f : failures) std::cout << "  FAILED " << f << "\n";
+  std::cout << std::flush;
+  std::cerr << "streampool-bench: stress: " << failures.size() << " check"
+            << (failures.size() == 1 ? "" : "s") << " failed\n";
+  return 1;
+}
+
+}  // namespace streampool::bench

@@ -1,0 +1,161 @@
+// The stress command on the fake device: a short run passes its checks and reports figures that
+// hang together, and the fake kernels do count a tag that is not there.
+#include "stress.hpp"
+#include "stress_target.hpp"
+
+#include <streampool/device.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace streampool::bench;
+using Catch::Matchers::Contains;
+
+TEST_CASE("a short stress run on the fake device passes its checks with sane figures",
+          "[stress][run]") {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 1.5;
+  options.threads = 2;
+  options.interval = 0.5;
+  options.configs = {"", "fence_every_free=true"};
+  std::ostringstream log;
+  const std::vector<StressResult> results = run_stress(options, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 2);
+  CHECK_THAT(log.str(), Contains("[default]") && Contains("[fence_every_free=true]") &&
+                            Contains("buffers/s"));
+
+  for (const StressResult& r : results) {
+    CAPTURE(r.label);
+    const auto failures = stress_failures(r, 0);
+    INFO((failures.empty() ? std::string() : failures.front()));
+    CHECK(failures.empty());
+    CHECK(r.target == "fake device");
+    CHECK(r.threads == 2);
+    CHECK(r.streams_alive == 4);
+    CHECK(r.seconds >= 1.5);
+    CHECK(r.buffers > 100);
+    CHECK(r.corrupted_words == 0);
+    CHECK(r.hazard_count == 0);
+    CHECK(r.error_count == 0);
+    // Each thread holds one buffer at a time, of at most 8 MiB.
+    CHECK(r.true_live_peak >= 1);
+    CHECK(r.true_live_peak <= 2);
+    CHECK(r.true_requested_peak <= 2 * (std::int64_t{8} << 20));
+    // Everything was dropped; the pool held at least what was live.
+    CHECK(r.stats.live_allocations.current == 0);
+    CHECK(r.stats.live_allocations.total == static_cast<std::int64_t>(r.buffers));
+    CHECK(r.stats.reserved_bytes.peak >= r.true_requested_peak);
+    CHECK(r.stats.device_allocations > 0);
+    // The windows lie within the run: neither peak above the run's.
+    CHECK(r.window_seconds == Approx(0.3));
+    CHECK(r.first_window_peak > 0);
+    CHECK(r.first_window_peak <= r.stats.reserved_bytes.peak);
+    CHECK(r.last_window_peak <= r.stats.reserved_bytes.peak);
+    CHECK(r.allocate.samples > 0);
+    CHECK(r.drop.samples > 0);
+    CHECK(r.allocate.mean_ns > 0);
+    // Progress every half second, and one at the end.
+    CHECK(r.samples.size() >= 3);
+    CHECK(r.samples.back().seconds == Approx(r.seconds).margin(0.01));
+    CHECK(stress_table(r).rows.size() > 10);
+  }
+  // A third of the buffers are also used on the second stream: fence_every_free fences every
+  // drop on each stream it was used on, so more than one fence per buffer.
+  CHECK(results[1].fences_per_buffer() > 1.0);
+  CHECK(results[1].fences_per_buffer() > results[0].fences_per_buffer());
+
+  const Table csv = stress_samples_table(results);
+  CHECK(csv.header.front() == "config");
+  CHECK(csv.rows.size() == results[0].samples.size() + results[1].samples.size());
+  const std::string svg = stress_plot(results);
+  CHECK_THAT(svg, Contains("<svg") && Contains("fence_every_free=true") && Contains("default"));
+}
+
+TEST_CASE("with churn, the fake run renews streams and still sees no race or corruption",
+          "[stress][run]") {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 1;
+  options.threads = 2;
+  options.interval = 1;
+  options.churn = 16;
+  std::ostringstream log;
+  const std::vector<StressResult> results = run_stress(options, log);
+  REQUIRE(results.size() == 1);
+  const StressResult& r = results.front();
+  INFO(log.str());
+  CHECK(r.buffers > 32);
+  CHECK(r.corrupted_words == 0);
+  CHECK(r.hazard_count == 0);
+  CHECK(r.error_count == 0);
+}
+
+TEST_CASE("the fake kernels count the words that do not hold the tag", "[stress][run]") {
+  const std::unique_ptr<StressTarget> target = make_fake_stress_target({}, 1);
+  std::shared_ptr<streampool::Device> device = target->device();
+  // A whole size class (4 KiB): the fake kernels name the block a pool would give for the words.
+  constexpr std::size_t words = 1024;
+  void* memory = nullptr;
+  REQUIRE(device->malloc(&memory, words * sizeof(unsigned)) == cudaSuccess);
+  auto* data = static_cast<unsigned*>(memory);
+  {
+    const std::unique_ptr<StressLane> lane = target->make_lane();
+    SECTION("the tag written is the tag checked: no mismatch, on either stream") {
+      lane->write_tag(data, words, 42, 0);
+      lane->check_tag(data, words, 42, false);
+      lane->check_tag(data, words, 42, true);
+      CHECK(lane->finish() == 0);
+    }
+    SECTION("another tag: the first, middle and last words differ, on either stream") {
+      lane->write_tag(data, words, 42, 0);
+      lane->check_tag(data, words, 43, false);
+      lane->check_tag(data, words, 43, true);
+      CHECK(lane->finish() == 6);
+    }
+    SECTION("the work of a first stream destroyed by renew_first still completes") {
+      const cudaStream_t old = lane->first();
+      lane->write_tag(data, words, 7, 0);
+      lane->check_tag(data, words, 8, false);
+      lane->renew_first();
+      CHECK(lane->first() == old);  // the handle goes to the next stream, as on CUDA
+      CHECK(lane->finish() == 3);
+    }
+    target->stop();
+  }
+  const std::vector<std::string> hazards = target->hazards();
+  INFO((hazards.empty() ? std::string() : hazards.front()));
+  CHECK(hazards.empty());
+  CHECK(device->free(memory) == cudaSuccess);
+}
+
+TEST_CASE("the fake kernels name the whole block, so a hand-over without a fence is a race",
+          "[stress][run]") {
+  // What a pool handing a block to another stream too early would look like: a second lane
+  // writes the block while the first lane's check of it is pending. The fake kernels touch three
+  // words, but name every byte: the race is seen even where their words differ.
+  const std::unique_ptr<StressTarget> target = make_fake_stress_target({}, 1);
+  std::shared_ptr<streampool::Device> device = target->device();
+  constexpr std::size_t words = 1024;
+  void* memory = nullptr;
+  REQUIRE(device->malloc(&memory, words * sizeof(unsigned)) == cudaSuccess);
+  auto* data = static_cast<unsigned*>(memory);
+  {
+    const std::unique_ptr<StressLane> a = target->make_lane();
+    const std::unique_ptr<StressLane> b = target->make_lane();
+    a->write_tag(data, words, 1, 0);
+    a->check_tag(data, words, 1, false);
+    b->write_tag(data + 256, words - 256, 2, 0);
+    a->finish();
+    b->finish();
+    target->stop();
+  }
+  const std::vector<std::string> hazards = target->hazards();
+  REQUIRE_FALSE(hazards.empty());
+  CHECK_THAT(hazards.front(), Contains("race"));
+  CHECK(device->free(memory) == cudaSuccess);
+}
