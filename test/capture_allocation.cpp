@@ -294,14 +294,15 @@ TEST_CASE("begin and end refuse a mismatched stream or pool") {
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }
 
-// Issue 8, item 10: the raw API's free on another stream than the allocation's re-implements the
-// drop and knows nothing of private pieces: today a CapturePool's piece freed on another stream
-// (or on its own stream after release_stream, which gives that stream a new state) lands in the
-// shared cache as a block of the smallest class. It is handed out there, larger than the piece,
-// over a live private buffer, while graphs replay into it; and the piece never goes back to its
-// CapturePool, whose memory leaks with it unless the block happens to be freed again.
+// Issue 8, item 10 (before the core's redesign): the raw API's free on another stream than the
+// allocation's re-implements the drop and knows nothing of private pieces: then a CapturePool's
+// piece freed on another stream (or on its own stream after release_stream, which gives that stream
+// a new state) lands in the shared cache as a block of the smallest class. It is handed out there,
+// larger than the piece, over a live private buffer, while graphs replay into it; and the piece
+// never goes back to its CapturePool, whose memory leaks with it unless the block happens to be
+// freed again.
 TEST_CASE("a private buffer freed through the raw API goes back to its CapturePool, on whatever "
-          "stream it is freed", "[!shouldfail]") {
+          "stream it is freed") {
   auto fake = std::make_shared<FakeDevice>();
   {
     streampool::MemoryPool pool(fake, test_options());
@@ -343,8 +344,7 @@ TEST_CASE("a private buffer freed through the raw API goes back to its CapturePo
 // stream's state; dropped during the capture on that stream, it is not adopted (the drop looks
 // at the old state, which is not bound to the capture) and goes to the old state's list. A trim
 // then hands it to another stream while the graph replays into it.
-TEST_CASE("a buffer of a released stream dropped during a capture on that stream is adopted",
-          "[!shouldfail]") {
+TEST_CASE("a buffer of a released stream dropped during a capture on that stream is adopted") {
   PoolOnFake pool(one_block_slabs());
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -371,7 +371,7 @@ TEST_CASE("a buffer of a released stream dropped during a capture on that stream
 // so two ranges from different device allocations that happen to be adjacent (two reserves, or
 // relaxed-mode growth, each its own cudaMalloc) merge, and a buffer can be cut across the
 // boundary: one buffer in two device allocations, which no kernel may touch as one.
-TEST_CASE("a private buffer never spans two device allocations", "[!shouldfail]") {
+TEST_CASE("a private buffer never spans two device allocations") {
   auto options = test_options();
   options.segment_bytes = MiB;  // each reservation or growth is a device allocation of its own
   PoolOnFake pool(options);
@@ -408,8 +408,7 @@ TEST_CASE("a private buffer never spans two device allocations", "[!shouldfail]"
 // by its drop, which returns the piece to the CapturePool at once: the recorded stream gets no
 // fence (and the list of recorded streams leaks). A later capture with the same CapturePool gets
 // the piece, and its graph's replay writes it while the recorded stream still reads it.
-TEST_CASE("a private buffer recorded on another stream is reused only after that stream's work",
-          "[!shouldfail]") {
+TEST_CASE("a private buffer recorded on another stream is reused only after that stream's work") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();

@@ -53,8 +53,7 @@ void allowed_to_refuse(F call) {
 // Issue 8, item 17 (deallocate): the raw API's free asks its stream's id, to learn whether it is
 // the allocation's stream; on a capturing stream CUDA refuses that and invalidates the capture.
 // Under StreamChecks::none too, from a thread that has not seen the stream yet.
-TEST_CASE("a raw free on a stream captured with a pool asks nothing CUDA refuses",
-          "[!shouldfail]") {
+TEST_CASE("a raw free on a stream captured with a pool asks nothing CUDA refuses") {
   for (StreamChecks checks : {StreamChecks::full, StreamChecks::identity, StreamChecks::none}) {
     CAPTURE(static_cast<int>(checks));
     auto options = test_options();
@@ -77,8 +76,7 @@ TEST_CASE("a raw free on a stream captured with a pool asks nothing CUDA refuses
 
 // Issue 8, item 17 (record_stream): record_stream asks the named stream's id, refused (and the
 // capture invalidated) when that stream is being captured.
-TEST_CASE("record_stream naming a stream captured with a pool asks nothing CUDA refuses",
-          "[!shouldfail]") {
+TEST_CASE("record_stream naming a stream captured with a pool asks nothing CUDA refuses") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -93,8 +91,7 @@ TEST_CASE("record_stream naming a stream captured with a pool asks nothing CUDA 
 
 // Issue 8, item 17 (release_stream): release_stream asks the stream's id first, refused (and the
 // capture invalidated) on a capturing stream.
-TEST_CASE("release_stream of a stream captured with a pool asks nothing CUDA refuses",
-          "[!shouldfail]") {
+TEST_CASE("release_stream of a stream captured with a pool asks nothing CUDA refuses") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -110,7 +107,7 @@ TEST_CASE("release_stream of a stream captured with a pool asks nothing CUDA ref
 // thread-local one of the calling thread, is under way. CUDA refuses cudaDeviceSynchronize
 // during any capture (relaxed included: seen on the H200), from any thread, and invalidates it.
 TEST_CASE("trim during a capture with a pool leaves the capture intact, in every mode and from "
-          "every thread", "[!shouldfail]") {
+          "every thread") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -133,7 +130,7 @@ TEST_CASE("trim during a capture with a pool leaves the capture intact, in every
 // same condition as trim, and so invalidates a relaxed capture, or a thread-local one of another
 // thread, when some allocation runs out of memory meanwhile.
 TEST_CASE("an allocation out of memory during a capture with a pool leaves the capture intact, "
-          "in every mode and from every thread", "[!shouldfail]") {
+          "in every mode and from every thread") {
   auto options = test_options();
   options.segment_bytes = MiB;  // segments as large as each request
   PoolOnFake pool(options, FakeDevice::Options{.capacity = 48 * MiB});
@@ -159,8 +156,7 @@ TEST_CASE("an allocation out of memory during a capture with a pool leaves the c
 
 // Issue 8, item 19 (release_stream of another stream): release_stream waits for the released
 // stream's last fence with cudaEventSynchronize, which a global capture refuses from any thread.
-TEST_CASE("release_stream of another stream during a global capture leaves the capture intact",
-          "[!shouldfail]") {
+TEST_CASE("release_stream of another stream during a global capture leaves the capture intact") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -179,8 +175,7 @@ TEST_CASE("release_stream of another stream during a global capture leaves the c
 
 // Issue 8, item 19 (another pool's end): a pool core that goes synchronizes the device and frees
 // its segments, whatever capture is under way; a global capture refuses both, from any thread.
-TEST_CASE("another MemoryPool's end during a global capture leaves the capture intact",
-          "[!shouldfail]") {
+TEST_CASE("another MemoryPool's end during a global capture leaves the capture intact") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -207,8 +202,7 @@ TEST_CASE("another MemoryPool's end during a global capture leaves the capture i
 // CapturePool is not capturing, then begins the capture, and only then records it in the
 // CapturePool. Two threads beginning captures with one CapturePool on two streams both pass the
 // check, and the CapturePool ends up bound to two captures while it knows of one.
-TEST_CASE("a CapturePool is bound to one capture at a time, even when two threads begin at once",
-          "[!shouldfail]") {
+TEST_CASE("a CapturePool is bound to one capture at a time, even when two threads begin at once") {
   HookedPool pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s1 = fake.create_stream();
@@ -242,8 +236,7 @@ TEST_CASE("a CapturePool is bound to one capture at a time, even when two thread
 // under way only after cudaStreamBeginCapture returned. In between, another thread's allocation
 // that must grow sees no global capture and calls cudaMalloc, which CUDA refuses, invalidating
 // the capture.
-TEST_CASE("no other thread makes a device allocation once a global capture with a pool has begun",
-          "[!shouldfail]") {
+TEST_CASE("no other thread makes a device allocation once a global capture with a pool has begun") {
   HookedPool pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();

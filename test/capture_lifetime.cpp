@@ -209,14 +209,14 @@ TEST_CASE("a MemoryPool destroyed before its CapturePool stays alive until the C
   REQUIRE(fake->live_bytes() == 0);
 }
 
-// Issue 8, item 8: a block the CapturePool adopted (a shared buffer dropped during the capture)
-// is dropped again when the CapturePool goes, and today that drop records the fence another
-// stream asked of its stream (or, under fence_every_free, its own) through the stream's handle.
-// The user dropped every buffer of that stream and destroyed it, as the contract allows, and CUDA
-// gave the handle to a new stream: the fence covers the new stream's work, not the old one's,
-// and the old stream's blocks go to another stream early.
+// Issue 8, item 8 (before the core's redesign): a block the CapturePool adopted (a shared buffer
+// dropped during the capture) is dropped again when the CapturePool goes, and then that drop
+// records the fence another stream asked of its stream (or, under fence_every_free, its own)
+// through the stream's handle. The user dropped every buffer of that stream and destroyed it, as
+// the contract allows, and CUDA gave the handle to a new stream: the fence covers the new stream's
+// work, not the old one's, and the old stream's blocks go to another stream early.
 TEST_CASE("a CapturePool's adopted blocks are not fenced, when it goes, through a handle their "
-          "destroyed stream gave to another stream", "[!shouldfail]") {
+          "destroyed stream gave to another stream") {
   PoolOnFake pool(one_block_slabs());
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -248,12 +248,12 @@ TEST_CASE("a CapturePool's adopted blocks are not fenced, when it goes, through 
   fake.complete_all();
 }
 
-// Issue 8, item 11: when the last reference to a CapturePool's private memory goes, its ranges
-// return to the arena as clean. But a buffer allocated during the capture may be used by
-// ordinary work after it, and be the last reference, dropped while that work is pending: today
-// the next allocation of another stream gets its memory at once.
+// Issue 8, item 11 (before the core's redesign): when the last reference to a CapturePool's private
+// memory goes, its ranges return to the arena as clean. But a buffer allocated during the capture
+// may be used by ordinary work after it, and be the last reference, dropped while that work is
+// pending: then the next allocation of another stream gets its memory at once.
 TEST_CASE("private memory used by ordinary work after its capture goes back to the pool only "
-          "after that work", "[!shouldfail]") {
+          "after that work") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -278,14 +278,14 @@ TEST_CASE("private memory used by ordinary work after its capture goes back to t
   fake.complete_all();
 }
 
-// Issue 8, item 14: a graph's release is queued by its user object's destructor (where CUDA
-// forbids CUDA calls) and completed at a library safe point. Today neither trim nor ~MemoryPool
-// is one: when the last replay completes after the CapturedGraph is gone, or the caller destroys
-// the executable graph itself, the CapturePool, its registered owners and its private memory wait
-// for the next safe point of whatever pool the process uses next, which then runs them against a
-// destroyed pool and owners.
+// Issue 8, item 14 (before the core's redesign): a graph's release is queued by its user object's
+// destructor (where CUDA forbids CUDA calls) and completed at a library safe point. Then neither
+// trim nor ~MemoryPool is one: when the last replay completes after the CapturedGraph is gone, or
+// the caller destroys the executable graph itself, the CapturePool, its registered owners and its
+// private memory wait for the next safe point of whatever pool the process uses next, which then
+// runs them against a destroyed pool and owners.
 TEST_CASE("a release a graph queued is completed by trim, and at the latest by its MemoryPool's "
-          "destruction", "[!shouldfail]") {
+          "destruction") {
   auto fake = std::make_shared<FakeDevice>();
   auto pool = std::make_unique<streampool::MemoryPool>(fake, test_options());
   cudaStream_t s = fake->create_stream();
@@ -326,13 +326,10 @@ TEST_CASE("a release a graph queued is completed by trim, and at the latest by i
   }
 }
 
-// Issue 8, item 15 (during a capture): ~CapturePool ends a capture still under way through its
-// MemoryPool (source().device()), which may be gone: a use after free (a segmentation fault in
-// a release build today). Hidden, as it crashes; an AddressSanitizer build names it
-// (-DCMAKE_CXX_FLAGS="-fsanitize=address -fno-omit-frame-pointer", then streampool_tests
-// "[defect]").
-TEST_CASE("a CapturePool that outlives its MemoryPool during a capture ends the capture safely",
-          "[.][defect]") {
+// Issue 8, item 15 (during a capture): ~CapturePool ended a capture still under way through its
+// MemoryPool (source().device()), which may be gone: a use after free (a segmentation fault in a
+// release build; an AddressSanitizer build names it).
+TEST_CASE("a CapturePool that outlives its MemoryPool during a capture ends the capture safely") {
   auto fake = std::make_shared<FakeDevice>();
   auto pool = std::make_unique<streampool::MemoryPool>(fake, test_options());
   cudaStream_t s = fake->create_stream();
@@ -345,12 +342,10 @@ TEST_CASE("a CapturePool that outlives its MemoryPool during a capture ends the 
   REQUIRE(fake->live_bytes() == 0);
 }
 
-// Issue 8, item 15 (with no memory): the core outlives the MemoryPool object only while live
-// blocks count on it, and a CapturePool that reserved nothing holds none: the core is deleted
-// with the MemoryPool and the CapturePool's next reserve reads freed memory. The design says the
-// core outlives CapturePools. A segmentation fault today: hidden, like the test above.
-TEST_CASE("a CapturePool keeps its MemoryPool's core alive even when it holds no memory",
-          "[.][defect]") {
+// Issue 8, item 15 (with no memory): the core outlived the MemoryPool object only while live
+// blocks counted on it, and a CapturePool that reserved nothing held none: the core was deleted
+// with the MemoryPool and the CapturePool's next reserve read freed memory.
+TEST_CASE("a CapturePool keeps its MemoryPool's core alive even when it holds no memory") {
   auto fake = std::make_shared<FakeDevice>();
   auto pool = std::make_unique<streampool::MemoryPool>(fake, test_options());
   auto capture = std::make_shared<CapturePool>(*pool);
@@ -366,8 +361,7 @@ TEST_CASE("a CapturePool keeps its MemoryPool's core alive even when it holds no
 // Issue 8, "also": every allocation's slow path completes the graph releases queued anywhere in
 // the process, so a user's owner given to record_buffer is destroyed inside an allocate() of an
 // unrelated pool, on that caller's thread and under whatever locks it holds.
-TEST_CASE("owners given to record_buffer are never destroyed inside another pool's allocation",
-          "[!shouldfail]") {
+TEST_CASE("owners given to record_buffer are never destroyed inside another pool's allocation") {
   PoolOnFake pool;
   PoolOnFake unrelated;
   cudaStream_t s = pool.fake().create_stream();

@@ -297,7 +297,7 @@ TEST_CASE("unfenced bytes older than the time bound are fenced by a later drop o
 // another stream's range only once its fence completed, so a large request grows the arena where
 // a small one would wait on the fence.
 TEST_CASE("with cross_stream_wait, B takes a large range whose fence is recorded by waiting on "
-          "it", "[!shouldfail]") {
+          "it") {
   constexpr std::size_t large = std::size_t{8} << 20;
   auto options = test_options();
   options.cross_stream_wait = true;

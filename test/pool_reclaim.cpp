@@ -44,7 +44,7 @@ void use_on_two_streams_and_drop(FakeDevice& fake, std::optional<Bytes>& buffer,
 // parked block as clean, including one that a record_stream'd drop on another thread parked just
 // after the synchronize, with its work still pending: another stream gets it early.
 TEST_CASE("trim and the out-of-memory ladder hand over no block parked after their device "
-          "synchronize", "[!shouldfail]") {
+          "synchronize") {
   SECTION("trim") {
     HookedPool pool(one_block_slabs());
     FakeDevice& fake = pool.fake();
@@ -94,13 +94,11 @@ TEST_CASE("trim and the out-of-memory ladder hand over no block parked after the
   }
 }
 
-// Issue 8, item 5: make_clean reads the blocks it handed to the depot once more after letting go
-// of the depot's lock, while another thread's return_free_slabs may already have freed their slab:
-// a heap use after free. A race, so a loop: hidden, for an AddressSanitizer or ThreadSanitizer
-// build, where it is reported within seconds (build with
-// -DCMAKE_CXX_FLAGS="-fsanitize=address -fno-omit-frame-pointer" and run
-// streampool_tests "[defect]").
-TEST_CASE("several threads may trim at once while others allocate", "[.][defect]") {
+// Issue 8, item 5: make_clean read the blocks it handed to the depot once more after letting go
+// of the depot's lock, while another thread's return_free_slabs could already have freed their
+// slab: a heap use after free. A race, so a loop of a few seconds; AddressSanitizer and
+// ThreadSanitizer builds reported it within seconds.
+TEST_CASE("several threads may trim at once while others allocate", "[threads]") {
   PoolOnFake pool(one_block_slabs());  // a block in the depot may complete its slab
   FakeDevice& fake = pool.fake();
   constexpr int threads = 4;
@@ -132,13 +130,11 @@ TEST_CASE("several threads may trim at once while others allocate", "[.][defect]
   REQUIRE(pool->stats().live_allocations.current == 0);
 }
 
-// Issue 8, "also": a stream state's `recyclable` flag is written without the state's lock when a
-// recycled state is registered for a new stream, and under it (only) by the device-synchronize
-// reclaim: a data race ThreadSanitizer reports. Hidden, for a ThreadSanitizer build
-// (-DCMAKE_CXX_FLAGS="-fsanitize=thread", then streampool_tests "[defect]"). What the race does
-// when it is lost is checked deterministically in pool_release_stream.cpp.
-TEST_CASE("streams may be released and new ones seen while another thread trims",
-          "[.][defect]") {
+// Issue 8, "also": a stream state's `recyclable` flag was written without the state's lock when a
+// recycled state was registered for a new stream, and under it (only) by the device-synchronize
+// reclaim: a data race ThreadSanitizer reported. What the race does when it is lost is checked
+// deterministically in pool_release_stream.cpp.
+TEST_CASE("streams may be released and new ones seen while another thread trims", "[threads]") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);

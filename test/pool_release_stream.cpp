@@ -75,7 +75,7 @@ TEST_CASE("a large block dropped on a released stream is not handed at once to t
 // allocation then counted on it: the buffer's drop puts its block on the new stream's own list,
 // and the new stream takes it back at once while X's write is pending.
 TEST_CASE("release_stream racing an allocation on the same stream lets no other stream take "
-          "that allocation's block early", "[!shouldfail]") {
+          "that allocation's block early") {
   HookedPool pool(one_block_slabs());
   FakeDevice& fake = pool.fake();
   cudaStream_t x = fake.create_stream();
@@ -121,7 +121,7 @@ TEST_CASE("release_stream racing an allocation on the same stream lets no other 
 // block is handed over once that fence (and the buffer's own stream's) completed, while R's work
 // on it is still pending.
 TEST_CASE("a buffer recorded on a stream that was then released is not handed over before that "
-          "stream's work", "[!shouldfail]") {
+          "stream's work") {
   PoolOnFake pool(one_block_slabs());
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
@@ -153,7 +153,7 @@ TEST_CASE("a buffer recorded on a stream that was then released is not handed ov
 // once that stream is gone it is recycled again, with the range it dropped still pending, and a
 // third stream takes that range as its own.
 TEST_CASE("a stream's state is recycled only once nothing dropped on it is pending, even when a "
-          "new stream took it during a trim", "[!shouldfail]") {
+          "new stream took it during a trim") {
   HookedPool pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();

@@ -79,13 +79,12 @@ void require_flat_under_churn(const streampool::PoolOptions& options) {
 
 }  // namespace
 
-// Issue 8, item 1: blocks dropped on a stream after its last fence are never fenced once the
-// stream is gone (no call can name it again), so today they wait for a device synchronize that
-// only a full device brings: every replaced stream strands its cache, and reserved memory grows
-// with the number of streams ever made (on the H200: 107 GiB in 5 s; here the fake's 80 GiB,
-// against 60 MiB for the same work on one stream).
-TEST_CASE("a thread that replaces its stream every 64 buffers keeps reserved memory flat",
-          "[!shouldfail]") {
+// Issue 8, item 1 (before the core's redesign): blocks dropped on a stream after its last fence are
+// never fenced once the stream is gone (no call can name it again), so then they wait for a device
+// synchronize that only a full device brings: every replaced stream strands its cache, and reserved
+// memory grows with the number of streams ever made (on the H200: 107 GiB in 5 s; here the fake's
+// 80 GiB, against 60 MiB for the same work on one stream).
+TEST_CASE("a thread that replaces its stream every 64 buffers keeps reserved memory flat") {
   require_flat_under_churn(test_options());
 }
 
@@ -98,12 +97,12 @@ TEST_CASE("under fence_every_free, replacing the stream every 64 buffers keeps r
   require_flat_under_churn(options);
 }
 
-// Issue 8, item 3: each stream publishes its counters to the pool-wide sums only when they rise
-// above, or fall two granules below, what it published; a stream that is replaced keeps what it
-// published last forever, so today the peaks count every stream ever seen (on the H200:
-// live_allocations.peak 39,339 with at most 12 buffers ever alive).
+// Issue 8, item 3 (before the core's redesign): each stream publishes its counters to the pool-wide
+// sums only when they rise above, or fall two granules below, what it published; a stream that is
+// replaced keeps what it published last forever, so then the peaks count every stream ever seen (on
+// the H200: live_allocations.peak 39,339 with at most 12 buffers ever alive).
 TEST_CASE("under stream churn, the peaks exceed the truth by at most two granules per live "
-          "stream", "[!shouldfail]") {
+          "stream") {
   auto options = test_options();
   options.stats_granule = MiB;
   PoolOnFake pool(options);

@@ -112,6 +112,9 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
     drain_parked();
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;
+    // Neighbours that were kept apart (owned by different streams) may all be covered now.
+    large_.coalesce_covered();
+    if (Block* range = large_.find(&s, rounded, &was)) return range;
     Block* range = large_.grow(rounded, error);
     grew = range != nullptr;
     return range;

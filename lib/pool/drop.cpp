@@ -99,7 +99,18 @@ void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
   if (dropped_here(u, b->size) && u.addressable()) record_fence(u);
   const Need need = b->need;
   u.lock.unlock();
-  if (b->large) large_.put(b, need);
+  if (!b->large) return;
+  const std::uint32_t generation = u.generation.load(std::memory_order_relaxed);
+  if (const std::size_t tainted = large_.put(b, need); tainted != 0) {
+    // Clean neighbours merged into the range now wait for its fence too: they count against the
+    // bound like the range itself.
+    u.lock.lock();
+    if (u.current(generation) && u.timeline.recorded.load(std::memory_order_relaxed) == need.index &&
+        dropped_here(u, tainted) && u.addressable()) {
+      record_fence(u);
+    }
+    u.lock.unlock();
+  }
 }
 
 Need PoolCore::fence_now(StreamState& s) noexcept {

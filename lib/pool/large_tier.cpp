@@ -175,8 +175,9 @@ Block* LargeTier::cut(Block* range, std::size_t bytes) noexcept {
   return range;
 }
 
-void LargeTier::put(Block* range, Need need) noexcept {
+std::size_t LargeTier::put(Block* range, Need need) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t tainted = 0;
   range->need = need;
   // Merge with free neighbours. A clean range merges with any free neighbour, taking its need
   // (safe where the neighbour was, as the neighbour was); two ranges of one stream merge with the
@@ -189,14 +190,23 @@ void LargeTier::put(Block* range, Need need) noexcept {
            neighbour->need.timeline == range->need.timeline;
   };
   // `keep` absorbs its right neighbour `gone`.
+  // The merged range takes the later need: the part that had an earlier one (or none) now waits
+  // longer, and is counted as tainted.
+  const auto later = [](const Need& a, const Need& b) {
+    return a.timeline == nullptr || (b.timeline != nullptr && b.index > a.index);
+  };
   const auto absorb = [&](Block* keep, Block* gone) {
+    if (later(keep->need, gone->need)) {
+      if (keep->need.timeline != gone->need.timeline || keep->need.index != gone->need.index) {
+        tainted += keep->size;
+      }
+      keep->need = gone->need;
+    } else if (gone->need.timeline != keep->need.timeline || gone->need.index != keep->need.index) {
+      tainted += gone->size;
+    }
     keep->size += gone->size;
     keep->after = gone->after;
     if (gone->after != nullptr) gone->after->before = keep;
-    if (keep->need.timeline == nullptr) keep->need = gone->need;
-    else if (gone->need.timeline != nullptr) {
-      keep->need.index = std::max(keep->need.index, gone->need.index);
-    }
     delete_block(gone);
   };
   while (mergeable(range->before)) {
@@ -212,6 +222,7 @@ void LargeTier::put(Block* range, Need need) noexcept {
   }
   range->is_slab = false;
   index(range);
+  return range->need.timeline != nullptr ? tainted : 0;
 }
 
 void LargeTier::put_clean(const std::vector<Block*>& ranges) noexcept {

@@ -51,8 +51,10 @@ class LargeTier {
   // A range of `rounded` bytes from a new segment. Fails (out_of_memory, or forbidden_now() when
   // calls_allowed() forbids device allocation) without touching the arena.
   Block* grow(std::size_t rounded, std::error_code& error) noexcept;
-  // Back to the arena, owned as `need` says (no timeline: clean).
-  void put(Block* range, Need need) noexcept;
+  // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
+  // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they
+  // count as the owner's unfenced bytes.
+  std::size_t put(Block* range, Need need) noexcept;
   void put_clean(const std::vector<Block*>& ranges) noexcept;
 
   // Before growing for `s`: learns which fences of other owners of free ranges completed, and

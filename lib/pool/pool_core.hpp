@@ -274,7 +274,8 @@ class PoolCore {
   std::unique_ptr<RawShard[]> raw_;
 
   std::mutex reclaim_mutex_;  // one reclaimer at a time
-  std::atomic<std::size_t> stranded_bytes_{0};
+  std::atomic<std::size_t> stranded_bytes_{0};  // an estimate, reset by each synchronize
+  std::atomic<std::size_t> lost_streams_{0};     // retired with a virtual fence since then
 
   std::atomic<std::int64_t> requested_published_{0};
   std::atomic<std::int64_t> requested_peak_{0};

@@ -9,12 +9,13 @@
 namespace streampool::detail {
 namespace {
 
-// Stranded memory (parked behind the device timeline: dropped on streams that are gone, or by
-// uses nothing else can fence) is reclaimed by a device synchronize once it passes this, or once
-// this many retired states wait to be recycled. A synchronize on the H200 costs the calling thread
-// the work in flight (tens of microseconds under the stress workload); other threads go on.
-constexpr std::size_t stranded_limit = std::size_t{64} << 20;
-constexpr std::size_t retired_limit = 256;
+// Stranded memory (waiting for a device synchronize: dropped on streams that are gone, or by uses
+// nothing else can fence) is reclaimed by one once it passes an eighth of the reserved memory (at
+// least stranded_floor), or once this many streams were lost since the last one (their states
+// wait for it to be recycled). A synchronize on the H200 costs the calling thread the work in
+// flight (tens of microseconds under the stress workload); other threads go on.
+constexpr std::size_t stranded_floor = std::size_t{16} << 20;
+constexpr std::size_t lost_streams_limit = 256;
 
 }  // namespace
 
@@ -75,6 +76,7 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
       s.fences.push_back({index, nullptr, device_timeline_.recorded.load(std::memory_order_acquire)});
       s.timeline.recorded.store(index + 1, std::memory_order_release);
       note_stranded(s.unfenced_bytes);
+      lost_streams_.fetch_add(1, std::memory_order_relaxed);
       fenced = true;
     } catch (const std::bad_alloc&) {
       // No room for the virtual fence: the next device synchronize's own virtual fence (it puts
@@ -138,6 +140,7 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
     s->lock.unlock();
   }
   stranded_bytes_.store(0, std::memory_order_relaxed);
+  lost_streams_.store(0, std::memory_order_relaxed);
   if (device_->device_synchronize() != cudaSuccess) return false;
   std::uint64_t done = device_timeline_.completed.load(std::memory_order_relaxed);
   while (done < sync + 1 &&
@@ -179,8 +182,10 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
 }
 
 void PoolCore::reclaim_if_stranded() noexcept {
-  if (stranded_bytes_.load(std::memory_order_relaxed) < stranded_limit &&
-      registry_.retired_waiting() < retired_limit) {
+  const std::size_t limit =
+      std::max(stranded_floor, static_cast<std::size_t>(std::max<std::int64_t>(reserved_.load(), 0)) / 8);
+  if (stranded_bytes_.load(std::memory_order_relaxed) < limit &&
+      lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit) {
     return;
   }
   synchronize_and_reclaim();
@@ -217,8 +222,14 @@ void PoolCore::release_stream(cudaStream_t stream) {
 }
 
 void PoolCore::trim(std::size_t bytes_to_keep) {
-  if (Gate* gate = gate_.load(std::memory_order_acquire)) gate->safe_point();
+  Gate* gate = gate_.load(std::memory_order_acquire);
+  if (gate != nullptr) gate->safe_point();
   synchronize_and_reclaim();
+  // The synchronize may have completed the last replays of graphs, whose releases come back now.
+  if (gate != nullptr) {
+    gate->safe_point();
+    synchronize_and_reclaim();
+  }
   large_.release_free_segments(bytes_to_keep);
 }
 
@@ -228,6 +239,7 @@ Block* PoolCore::take_range(std::size_t bytes, std::error_code& error) noexcept 
   const auto attempt = [&]() -> Block* {
     if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
     drain_parked();
+    large_.coalesce_covered();
     if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
     return large_.grow(rounded, error);
   };

@@ -149,8 +149,13 @@ Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexce
     error = make_error_code(Errc::out_of_memory);
     return nullptr;
   }
-  Block* range = pool_.large().find(nullptr, range_bytes, nullptr);
-  if (range == nullptr) range = pool_.large().grow(range_bytes, error);
+  LargeTier& large = pool_.large();
+  Block* range = large.find(nullptr, range_bytes, nullptr);
+  if (range == nullptr) {
+    large.coalesce_covered();
+    range = large.find(nullptr, range_bytes, nullptr);
+  }
+  if (range == nullptr) range = large.grow(range_bytes, error);
   if (range == nullptr) return nullptr;
   range->is_slab = true;
   slab->range = range;
