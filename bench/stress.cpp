@@ -1,5 +1,7 @@
 #include "stress.hpp"
 
+#include "call_counts.hpp"
+
 #include "report.hpp"
 #include "stress_target.hpp"
 #include "svg.hpp"
@@ -337,7 +339,8 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
                      options.seconds, result.config)
       << std::flush;
 
-  auto watch = std::make_shared<ReservedWatch>(target->device());
+  auto counts = std::make_shared<CallCounts>(target->device());
+  auto watch = std::make_shared<ReservedWatch>(counts);
   std::vector<std::unique_ptr<StressLane>> lanes;
   for (unsigned t = 0; t < threads; ++t) lanes.push_back(target->make_lane());
   auto pool = std::make_unique<MemoryPool>(watch, pool_options);
@@ -419,6 +422,9 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   }
   result.stats = pool->stats();
   pool.reset();
+  for (const CallCounts::Count& c : counts->counts()) {
+    result.device_calls.push_back({c.call, c.calls, c.ns});
+  }
   result.buffers = buffers_now();
   result.failed_allocations = shared.failed_allocations.load();
   result.error_count = shared.error_count;
@@ -631,6 +637,9 @@ Table stress_table(const StressResult& r) {
   row("growth (last / first)", fmt::format("{:.3f}", r.growth()));
   row("allocate ns, mean / p99", latency(r.allocate));
   row("drop ns, mean / p99", latency(r.drop));
+  row("cache misses / buffer", fmt::format("{:.3f}", r.buffers ? double(r.stats.cache_misses) /
+                                                                      double(r.buffers)
+                                                                : 0.0));
   row("cross-stream reuses", fmt::format("{}", r.stats.cross_stream_reuses));
   row("blocking fallbacks", fmt::format("{}", r.stats.blocking_fallbacks));
   row("out-of-memory retries", fmt::format("{}", r.stats.oom_retries));
@@ -643,6 +652,12 @@ Table stress_table(const StressResult& r) {
                   bytes_text(r.true_requested_peak)));
   if (r.target == "fake device") row("hazards", fmt::format("{}", r.hazard_count));
   row("failed allocations", fmt::format("{}", r.failed_allocations));
+  // What the pool asked of the device per buffer, and the mean CPU time of each call.
+  for (const StressResult::DeviceCalls& c : r.device_calls) {
+    row(fmt::format("{} per buffer (mean ns)", c.call),
+        fmt::format("{:.3f} ({:.0f})", r.buffers ? double(c.calls) / double(r.buffers) : 0.0,
+                    c.calls ? double(c.ns) / double(c.calls) : 0.0));
+  }
   return t;
 }
 

@@ -100,6 +100,14 @@ struct StressResult {
   std::int64_t streams_alive = 0;        // threads x 2
   std::size_t stats_granule = 0;
   std::vector<StressSample> samples;
+  // The device calls the pool made (through its device: the lanes' own calls are not counted),
+  // and the CPU time they took.
+  struct DeviceCalls {
+    std::string call;
+    std::uint64_t calls = 0;
+    std::uint64_t ns = 0;
+  };
+  std::vector<DeviceCalls> device_calls;
 
   double buffers_per_second() const { return seconds > 0 ? double(buffers) / seconds : 0.0; }
   double fences_per_buffer() const {

@@ -34,10 +34,25 @@ void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
 }
 
 void PoolCore::drain_parked() noexcept {
-  // Learn first, with no lock of ours held: then take what is covered.
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+  // Learn first what the parked blocks wait for (the streams of their uncovered needs, each
+  // asked once), with no lock of ours held: then take what is covered.
+  std::vector<StreamState*> waited;
+  try {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    for (const Parked& p : parked_) {
+      for (const Need& need : p.needs) {
+        StreamState* s = need.timeline->stream;
+        if (s != nullptr && !covered(need) &&
+            std::find(waited.begin(), waited.end(), s) == waited.end()) {
+          waited.push_back(s);
+        }
+      }
+    }
+  } catch (const std::bad_alloc&) {
+  }
+  for (StreamState* s : waited) {
     s->lock.lock();
-    if (!s->fences.empty()) refresh(*s);
+    refresh(*s);
     s->lock.unlock();
   }
   std::vector<Block*> clean;
