@@ -76,6 +76,18 @@ TEST_CASE("parse sets each key and leaves every other option as the base had it"
     expected.size_classes.largest = 4 * MiB;
     REQUIRE(PoolOptions::parse("largest=4194304") == expected);
   }
+  SECTION("unfenced, unfenced_us and idle_ms") {
+    PoolOptions expected = base;
+    expected.unfenced_bytes = MiB;
+    REQUIRE(PoolOptions::parse("unfenced=1M") == expected);
+    expected = base;
+    expected.unfenced_us = 250;
+    REQUIRE(PoolOptions::parse("unfenced_us=250") == expected);
+    expected = base;
+    expected.idle_ms = 0;
+    REQUIRE(PoolOptions::parse("idle_ms=0") == expected);
+    REQUIRE_THAT(refusal("idle_ms=99999999999"), Catch::Contains("idle_ms"));
+  }
   SECTION("alignment") {
     PoolOptions expected = base;
     expected.size_classes.alignment = 512;

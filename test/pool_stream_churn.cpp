@@ -6,9 +6,11 @@
 #include "pool_helpers.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <random>
+#include <thread>
 #include <vector>
 
 using streampool::FakeDevice;
@@ -141,4 +143,47 @@ TEST_CASE("under stream churn, the peaks exceed the truth by at most two granule
   CHECK(stats.live_allocations.peak <= alive_together + streams * count_slack);
   REQUIRE(stats.requested_bytes.current == 0);
   REQUIRE(stats.live_allocations.current == 0);
+}
+
+// CUDA gives a destroyed stream's handle to a new stream only once the destroyed stream's work is
+// done: a new stream may get a fresh handle, and the destroyed one's is never seen again. Then no
+// lookup can tell the pool that the stream is gone; a stream that stays idle (PoolOptions::idle_ms)
+// with no live buffer is forgotten instead, its stats published exactly and its blocks moved off.
+TEST_CASE("a stream destroyed without its handle going to another is forgotten once idle") {
+  auto options = test_options();
+  options.stats_granule = MiB;
+  options.idle_ms = 1;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t keeper = fake.create_stream();
+  std::vector<cudaStream_t> unused;  // they take the destroyed streams' handles, never used here
+  std::int64_t true_peak = 0;
+  constexpr int rounds = 40;
+  for (int round = 0; round < rounds; ++round) {
+    cudaStream_t s = fake.create_stream();
+    {
+      std::vector<Bytes> held;
+      for (int i = 0; i < 4; ++i) {
+        held.push_back(Bytes::alloc_async(*pool, 100 * KiB, s));
+        write_on(fake, s, held.back());
+      }
+      true_peak = std::max(true_peak, pool->stats().requested_bytes.current);
+    }
+    fake.destroy_stream(s);
+    unused.push_back(fake.create_stream());
+    // Two idle periods, each ended by a slow path (every large allocation takes one) on the
+    // stream still in use.
+    for (int period = 0; period < 2; ++period) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      Bytes::alloc_async(*pool, MiB, keeper).reset();
+    }
+    fake.complete_all();
+  }
+  // Two streams at most are registered at once (the keeper and the round's): without forgetting
+  // the destroyed ones, each would keep what it published, 400 KiB.
+  true_peak = std::max<std::int64_t>(true_peak, MiB);
+  const PoolStats stats = pool->stats();
+  CAPTURE(stats.requested_bytes.peak, true_peak);
+  REQUIRE(stats.requested_bytes.peak <= true_peak + 2 * 2 * std::int64_t(MiB));
+  REQUIRE(fake.hazards().empty());
 }

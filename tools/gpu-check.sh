@@ -3,7 +3,8 @@
 # behaviour, the call costs, compute-sanitizer and the benches, and writes what it saw under $OUT
 # (few files: the device tool brings back at most eight).
 #
-#   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all)
+#   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all),
+#                                     and, asked for by name: stress churn stress-sanitize
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -43,7 +44,12 @@ stage() {  # stage NAME command...: runs it, logs everything, keeps one summary 
 
 stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 || { cat "$log"; exit 1; }
-stage build cmake --build "$build" -j "$(nproc)" || { tail -60 "$log"; exit 1; }
+# The stress stages need the bench alone.
+targets=()
+only_stress=1
+for s in "${stages[@]}"; do [[ " stress churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
+((only_stress)) && targets=(--target streampool-bench)
+stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
 
 gpu_tests=$build/test/gpu/streampool_gpu_tests
 if want tests; then
@@ -62,6 +68,21 @@ if want sanitize; then
   for tool in memcheck racecheck synccheck; do
     STREAMPOOL_GPU_ITERATIONS=300 stage "$tool" compute-sanitizer --tool "$tool" \
       --report-api-errors no --error-exitcode 1 "$gpu_tests" "~[blocking]"
+  done
+fi
+# The stress workload (streampool-bench stress; docs/bench.md), each policy in the same run.
+stress_bench=$build/bench/streampool-bench
+if want stress; then
+  stage stress "$stress_bench" stress --seconds 60 --config "" --config fence_every_free=true \
+    --out "$out/stress"
+fi
+if want churn; then
+  stage churn "$stress_bench" stress --seconds 300 --churn 64 --max-growth 1.5 --out "$out/churn"
+fi
+if want stress-sanitize; then
+  for tool in memcheck racecheck; do
+    stage "stress-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      "$stress_bench" stress --seconds 5 --threads 4 --churn 64 --interval 5
   done
 fi
 if want bench && [ -x "$build/bench/streampool-bench" ]; then

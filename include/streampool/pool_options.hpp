@@ -51,8 +51,14 @@ struct PoolOptions {
   // unfenced_bytes, or when the oldest of them was dropped more than unfenced_us microseconds ago
   // (0: no such bound). A stream destroyed without release_stream strands at most about that much
   // until a device synchronize. Other streams also ask for a fence when they want a stream's blocks.
-  std::size_t unfenced_bytes = std::size_t{2} << 20;
+  std::size_t unfenced_bytes = std::size_t{256} << 10;
   std::uint32_t unfenced_us = 10000;
+  // A stream that neither allocates nor drops anything for one to two periods of idle_ms
+  // milliseconds, and holds no live buffer, is forgotten (0: never): CUDA may destroy a stream and
+  // never hand its handle to another, and the pool cannot tell. Its cached blocks go to other
+  // streams once its last fence (or a device synchronize) covers them; if it is used again, it is
+  // seen afresh.
+  std::uint32_t idle_ms = 100;
   // One fence per drop, recorded at the drop: the simplest safe design, and the reference the
   // default is measured against.
   bool fence_every_free = false;
@@ -67,9 +73,9 @@ struct PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, max_reserved, unfenced, unfenced_us, fence_every_free,
-  // cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes take a K, M or G
-  // suffix (binary).
+  // slab, segment, large_rounding, max_reserved, unfenced, unfenced_us, idle_ms,
+  // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
+  // take a K, M or G suffix (binary).
   // Throws Error(Errc::invalid_value) naming the bad key or value.
   static PoolOptions parse(std::string_view conf, const PoolOptions& base);
   static PoolOptions parse(std::string_view conf);

@@ -115,9 +115,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
     // Neighbours that were kept apart (owned by different streams) may all be covered now.
     large_.coalesce_covered();
     if (Block* range = large_.find(&s, rounded, &was)) return range;
-    Block* range = large_.grow(rounded, error);
-    grew = range != nullptr;
-    return range;
+    return large_.grow(&s, rounded, &was, &grew, error);
   };
   Block* range = with_reclaim(attempt, error);
   if (range == nullptr) return nullptr;

@@ -109,11 +109,17 @@ Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept 
   return cut(range, rounded);
 }
 
-Block* LargeTier::grow(std::size_t rounded, std::error_code& error) noexcept {
+Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
+                       std::error_code& error) noexcept {
+  if (grew != nullptr) *grew = false;
   if (!calls_allowed(Restricted::malloc)) {
     error = forbidden_now();
     return nullptr;
   }
+  // One thread grows at a time (cudaMalloc is slow, and threads that missed together would each
+  // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
+  std::lock_guard<std::mutex> growing(growth_mutex_);
+  if (Block* range = find(s, rounded, had)) return range;
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);
   void* ptr = nullptr;
@@ -140,6 +146,7 @@ Block* LargeTier::grow(std::size_t rounded, std::error_code& error) noexcept {
     segment->first = range;
     segments_.push_back(std::move(segment));
     pool_.count_device_allocation(size);
+    if (grew != nullptr) *grew = true;
     return cut(range, rounded);
   } catch (const std::bad_alloc&) {
     device.free(ptr);

@@ -48,9 +48,12 @@ class LargeTier {
   // own, a covered one, or with cross_stream_wait one whose fence s then waits on. `had`, if
   // given, gets the need the range had.
   Block* find(StreamState* s, std::size_t rounded, Need* had) noexcept;
-  // A range of `rounded` bytes from a new segment. Fails (out_of_memory, or forbidden_now() when
-  // calls_allowed() forbids device allocation) without touching the arena.
-  Block* grow(std::size_t rounded, std::error_code& error) noexcept;
+  // A range of `rounded` bytes from a new segment, for `s` as find() says. Threads grow one at a
+  // time, and each looks again (find()) once its turn comes: a segment another thread just added
+  // may serve it. Fails (out_of_memory, or forbidden_now() when calls_allowed() forbids device
+  // allocation) without touching the arena. `grew`, if given, says whether it did grow.
+  Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
+              std::error_code& error) noexcept;
   // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
   // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they
   // count as the owner's unfenced bytes.
@@ -88,6 +91,7 @@ class LargeTier {
 
   PoolCore& pool_;
   const PoolOptions& options_;
+  std::mutex growth_mutex_;  // one device allocation at a time; taken before mutex_
   std::mutex mutex_;
   std::vector<std::unique_ptr<Segment>> segments_;
   std::set<Block*, BySize> free_;

@@ -194,7 +194,8 @@ class PoolCore {
   // After a device synchronize every block dropped before it is clean: covers every timeline up
   // to it and moves what that frees to the depot and the arena. False when not allowed now.
   bool synchronize_and_reclaim() noexcept;
-  // The stranded-memory bound (docs/design.md, "Streams"): synchronizes when it is passed.
+  // Retires idle streams now and then, and keeps the stranded-memory bound (docs/design.md,
+  // "Streams"): synchronizes when it is passed.
   void reclaim_if_stranded() noexcept;
   void note_stranded(std::size_t bytes) noexcept {
     stranded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -276,6 +277,7 @@ class PoolCore {
   std::mutex reclaim_mutex_;  // one reclaimer at a time
   std::atomic<std::size_t> stranded_bytes_{0};  // an estimate, reset by each synchronize
   std::atomic<std::size_t> lost_streams_{0};     // retired with a virtual fence since then
+  std::atomic<std::int64_t> next_idle_check_ns_{0};
 
   std::atomic<std::int64_t> requested_published_{0};
   std::atomic<std::int64_t> requested_peak_{0};

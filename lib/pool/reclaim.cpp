@@ -10,13 +10,12 @@ namespace streampool::detail {
 namespace {
 
 // Stranded memory (waiting for a device synchronize: dropped on streams that are gone, or by uses
-// nothing else can fence) is reclaimed by one once it passes an eighth of the reserved memory (at
-// least stranded_floor), or once this many streams were lost since the last one (their states
-// wait for it to be recycled). A synchronize on the H200 costs the calling thread the work in
-// flight (tens of microseconds under the stress workload); other threads go on.
+// nothing else can fence) is reclaimed by one once it passes half the bytes live allocations hold
+// (at least stranded_floor), or once this many streams were lost since the last one (their states
+// wait for it to be recycled). A synchronize costs the calling thread the work in flight (15 ms
+// with the stress workload's backlog on the H200: bench/results/); other threads go on.
 constexpr std::size_t stranded_floor = std::size_t{16} << 20;
-constexpr std::size_t lost_streams_limit = 256;
-
+constexpr std::size_t lost_streams_limit = 4096;
 }  // namespace
 
 void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
@@ -197,8 +196,17 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
 }
 
 void PoolCore::reclaim_if_stranded() noexcept {
-  const std::size_t limit =
-      std::max(stranded_floor, static_cast<std::size_t>(std::max<std::int64_t>(reserved_.load(), 0)) / 8);
+  // Streams gone idle (PoolOptions::idle_ms): a slow path looks once a period.
+  if (const std::int64_t period = std::int64_t{options_.idle_ms} * 1'000'000; period > 0) {
+    const std::int64_t now = now_ns();
+    std::int64_t due = next_idle_check_ns_.load(std::memory_order_relaxed);
+    if (now >= due && next_idle_check_ns_.compare_exchange_strong(due, now + period)) {
+      registry_.retire_idle();
+    }
+  }
+  const std::size_t limit = std::max(
+      stranded_floor,
+      static_cast<std::size_t>(std::max<std::int64_t>(requested_published_.load(), 0)) / 2);
   if (stranded_bytes_.load(std::memory_order_relaxed) < limit &&
       lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit) {
     return;
@@ -256,7 +264,7 @@ Block* PoolCore::take_range(std::size_t bytes, std::error_code& error) noexcept 
     drain_parked();
     large_.coalesce_covered();
     if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
-    return large_.grow(rounded, error);
+    return large_.grow(nullptr, rounded, nullptr, nullptr, error);
   };
   Block* range = with_reclaim(attempt, error);
   if (range != nullptr) count_range(*range, true);

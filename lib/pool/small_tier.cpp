@@ -155,7 +155,7 @@ Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexce
     large.coalesce_covered();
     range = large.find(nullptr, range_bytes, nullptr);
   }
-  if (range == nullptr) range = large.grow(range_bytes, error);
+  if (range == nullptr) range = large.grow(nullptr, range_bytes, nullptr, nullptr, error);
   if (range == nullptr) return nullptr;
   range->is_slab = true;
   slab->range = range;

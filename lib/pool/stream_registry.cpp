@@ -142,6 +142,7 @@ StreamState* StreamRegistry::fresh_state() {
       s->unfenced_bytes = 0;
       s->unfenced_since_ns = 0;
       s->drops = 0;
+      s->seen_activity = -1;
       s->lock.unlock();
       return s;
     }
@@ -208,6 +209,29 @@ void StreamRegistry::note_several() noexcept {
     s->lock.lock();
     s->unfenced_limit = limit;
     s->lock.unlock();
+  }
+}
+
+void StreamRegistry::retire_idle() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = by_id_.begin(); it != by_id_.end();) {
+    StreamState& s = *it->second;
+    s.lock.lock();
+    const std::int64_t activity = s.counters.activity();
+    const bool idle = activity == s.seen_activity && s.counters.live == 0 && s.pins == 0 &&
+                      (s.attention.load(std::memory_order_relaxed) & gated) == 0;
+    s.seen_activity = activity;
+    s.lock.unlock();
+    if (!idle) {
+      ++it;
+      continue;
+    }
+    it = by_id_.erase(it);
+    if (const auto handle = by_handle_.find(s.handle); handle != by_handle_.end() &&
+                                                        handle->second == &s) {
+      by_handle_.erase(handle);
+    }
+    retire(s);
   }
 }
 

@@ -63,6 +63,13 @@ class StreamRegistry {
   // The pool has seen more than one stream, or a stream retire.
   bool several_streams() const noexcept { return several_.load(std::memory_order_relaxed); }
 
+  // Retires the registered streams that neither allocated nor dropped anything since the last
+  // call, hold no live buffer and are not gated: such a stream may have been destroyed without
+  // its handle ever going to another stream (CUDA hands it out again only once the destroyed
+  // stream's work is done), and its state would otherwise hold its cache, its unfenced blocks and
+  // its stats slack forever. A live stream retired this way is registered afresh when used again.
+  void retire_idle() noexcept;
+
   // Retired states not yet recycled.
   std::size_t retired_waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
 

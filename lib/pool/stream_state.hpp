@@ -28,6 +28,9 @@ struct Fence {
 
 // Counters of one stream, guarded by its lock; stats() sums them over the streams.
 struct StreamCounters {
+  // Allocations and drops so far: it moves whenever the stream is used.
+  std::int64_t activity() const noexcept { return 2 * live_total - live; }
+
   std::int64_t requested = 0;  // bytes of live allocations made on this stream
   std::int64_t requested_total = 0;
   std::int64_t live = 0;       // live allocations made on this stream
@@ -80,6 +83,7 @@ struct alignas(64) StreamState {
   std::size_t unfenced_limit = std::numeric_limits<std::size_t>::max();
   std::uint32_t drops = 0;
   int pins = 0;                 // allocations on their slow path that will count here [lock]
+  std::int64_t seen_activity = -1;  // allocations and drops when retire_idle last looked [lock]
   bool orphaned = false;        // the MemoryPool object is gone; drops count down [lock]
   std::uint64_t last_index = 0; // retired: the index of its last fence [lock]
 
