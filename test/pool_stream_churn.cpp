@@ -187,3 +187,39 @@ TEST_CASE("a stream destroyed without its handle going to another is forgotten o
   REQUIRE(stats.requested_bytes.peak <= true_peak + 2 * 2 * std::int64_t(MiB));
   REQUIRE(fake.hazards().empty());
 }
+
+// A stream the pool only learns of through record_stream (it allocates nothing) is in use all the
+// same: it is not forgotten while a live buffer names it, and its use is fenced at the drop.
+TEST_CASE("a stream used only through record_stream is not forgotten while a buffer names it") {
+  auto options = one_block_slabs();
+  options.idle_ms = 1;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  void* used = nullptr;
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    used = x.data();
+    write_on(fake, a, x);
+    cudaEvent_t written = nullptr;
+    REQUIRE(fake.event_create(&written) == cudaSuccess);
+    REQUIRE(fake.event_record(written, a) == cudaSuccess);
+    REQUIRE(fake.stream_wait_event(b, written) == cudaSuccess);
+    fake.launch(b, {{x.data(), x.byte_size(), false}});
+    x.record_stream(b);
+    REQUIRE(fake.event_destroy(written) == cudaSuccess);
+    for (int period = 0; period < 3; ++period) {  // idle periods pass, each ended by a slow path
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      Bytes::alloc_async(*pool, MiB, a).reset();
+    }
+  }
+  fake.complete_all();
+  // Both uses were fenced at the drop, so the block comes back once they completed: no device
+  // synchronize is needed (a forgotten stream's use would have waited for one).
+  const auto syncs = fake.calls(FakeDevice::Call::device_synchronize);
+  auto again = Bytes::alloc_async(*pool, 4096, a);
+  REQUIRE(static_cast<void*>(again.data()) == used);
+  REQUIRE(fake.calls(FakeDevice::Call::device_synchronize) == syncs);
+  REQUIRE(fake.hazards().empty());
+}

@@ -62,8 +62,7 @@ std::vector<RecordedStream> PoolCore::uses_of(Block* b) noexcept {
   } catch (const std::bad_alloc&) {
     uses.clear();  // no room to name them: every use is lost, only a device synchronize covers it
   }
-  delete b->recorded;
-  b->recorded = nullptr;
+  forget_recorded(b);
   return uses;
 }
 
@@ -205,12 +204,37 @@ void PoolCore::record_stream(Block* b, cudaStream_t stream) {
     }
     found.generation = found.state->generation.load(std::memory_order_acquire);
   }
-  if (found.state == b->home && found.generation == b->home_generation) return;
+  StreamState& other = *found.state;
+  const auto note_use = [&](int named) {
+    other.lock.lock();
+    ++other.counters.recorded_uses;  // a use of the stream: it is not idle
+    other.recorded_by += named;
+    other.lock.unlock();
+  };
+  if (found.state == b->home && found.generation == b->home_generation) {
+    note_use(0);
+    return;
+  }
   if (b->recorded == nullptr) b->recorded = new std::vector<RecordedStream>();
   for (const RecordedStream& known : *b->recorded) {
-    if (known.state == found.state && known.generation == found.generation) return;
+    if (known.state == found.state && known.generation == found.generation) {
+      note_use(0);
+      return;
+    }
   }
   b->recorded->push_back({found.state, found.generation});
+  note_use(1);
+}
+
+void PoolCore::forget_recorded(Block* b) noexcept {
+  if (b->recorded == nullptr) return;
+  for (const RecordedStream& use : *b->recorded) {
+    use.state->lock.lock();
+    --use.state->recorded_by;
+    use.state->lock.unlock();
+  }
+  delete b->recorded;
+  b->recorded = nullptr;
 }
 
 }  // namespace streampool::detail

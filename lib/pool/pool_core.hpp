@@ -231,6 +231,7 @@ class PoolCore {
   // drop.cpp
   void drop_slow(Block* b, cudaStream_t stream, const std::vector<RecordedStream>& uses) noexcept;
   std::vector<RecordedStream> uses_of(Block* b) noexcept;
+  void forget_recorded(Block* b) noexcept;  // the record_stream entries, given up
   void place(Block* b, const std::vector<RecordedStream>& uses) noexcept;
   void keep_on(StreamState& u, Block* b) noexcept;  // [u.lock], unlocks it
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).

@@ -50,8 +50,7 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
     if (on.state != nullptr) uses.push_back({on.state, on.generation});
   } catch (const std::bad_alloc&) {
   }
-  delete b->recorded;
-  b->recorded = nullptr;
+  forget_recorded(b);
   drop_slow(b, stream, uses);
 }
 

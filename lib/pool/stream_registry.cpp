@@ -134,7 +134,7 @@ StreamState* StreamRegistry::fresh_state() {
     s->lock.lock();
     pool_.refresh(*s);
     const bool done = s->timeline.completed.load(std::memory_order_relaxed) > s->last_index &&
-                      s->counters.live == 0 && s->pins == 0;
+                      s->counters.live == 0 && s->pins == 0 && s->recorded_by == 0;
     if (done) {
       STREAMPOOL_ASSERT(s->free_blocks.load(std::memory_order_relaxed) == 0);
       s->attention.store(0, std::memory_order_relaxed);
@@ -219,7 +219,7 @@ void StreamRegistry::retire_idle() noexcept {
     s.lock.lock();
     const std::int64_t activity = s.counters.activity();
     const bool idle = activity == s.seen_activity && s.counters.live == 0 && s.pins == 0 &&
-                      (s.attention.load(std::memory_order_relaxed) & gated) == 0;
+                      s.recorded_by == 0 && (s.attention.load(std::memory_order_relaxed) & gated) == 0;
     s.seen_activity = activity;
     s.lock.unlock();
     if (!idle) {

@@ -28,8 +28,9 @@ struct Fence {
 
 // Counters of one stream, guarded by its lock; stats() sums them over the streams.
 struct StreamCounters {
-  // Allocations and drops so far: it moves whenever the stream is used.
-  std::int64_t activity() const noexcept { return 2 * live_total - live; }
+  std::int64_t recorded_uses = 0;  // record_stream calls naming this stream
+  // Allocations, drops and record_stream uses so far: it moves whenever the stream is used.
+  std::int64_t activity() const noexcept { return 2 * live_total - live + recorded_uses; }
 
   std::int64_t requested = 0;  // bytes of live allocations made on this stream
   std::int64_t requested_total = 0;
@@ -63,7 +64,7 @@ enum Attention : std::uint32_t {
 //   - free_blocks is the number of blocks on the lists;
 //   - fences are in index order, each index < timeline.recorded, all >= timeline.completed;
 //   - a retired state has empty lists and gets no new blocks; it is recycled only when
-//     timeline.completed > last_index, live == 0 and pins == 0.
+//     timeline.completed > last_index, live == 0, pins == 0 and recorded_by == 0.
 struct alignas(64) StreamState {
   SpinLock lock;
   std::atomic<std::uint32_t> attention{0};
@@ -83,6 +84,7 @@ struct alignas(64) StreamState {
   std::size_t unfenced_limit = std::numeric_limits<std::size_t>::max();
   std::uint32_t drops = 0;
   int pins = 0;                 // allocations on their slow path that will count here [lock]
+  int recorded_by = 0;          // live blocks whose record_stream named this stream [lock]
   std::int64_t seen_activity = -1;  // allocations and drops when retire_idle last looked [lock]
   bool orphaned = false;        // the MemoryPool object is gone; drops count down [lock]
   std::uint64_t last_index = 0; // retired: the index of its last fence [lock]
