@@ -11,14 +11,16 @@
 // Environment (all optional):
 //   STREAMPOOL_MODEL_SEED=n      only seed n, its whole log printed (pass or fail)
 //   STREAMPOOL_MODEL_BYTES=hex   replay this input (the "input" line of a failure)
-//   STREAMPOOL_MODEL_SEEDS=n     how many seeds (default 300), from STREAMPOOL_MODEL_FIRST_SEED=n
+//   STREAMPOOL_MODEL_SEEDS=n     how many seeds (default 600; concurrent 20, churn 6 per policy),
+//                                from STREAMPOOL_MODEL_FIRST_SEED=n
 //   STREAMPOOL_MODEL_STEPS=n     operations per seed (default 250)
 //   STREAMPOOL_MODEL_SURVEY=1    run every seed and list each failure, instead of stopping
 //   STREAMPOOL_MODEL_REDUCE=0    report the first failure as found, unreduced
 //   STREAMPOOL_MODEL_PROFILE=basic  only allocations, drops, launches, record_stream, completions
 //                                and trims on fixed streams (pool_model::Profile)
 //   STREAMPOOL_MODEL_WITHOUT=a,b never decode these operations or variants (pool_model::op_names):
-//                                to look past a failure that hides others
+//                                to look past a failure that hides others; for the threads, the
+//                                names of pool_model::ConcurrentOptions::without
 //   STREAMPOOL_MODEL_IN_PROCESS=1  a replay runs in this process (for a debugger), not a child
 #include "model/pool_model.hpp"
 
@@ -122,7 +124,7 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
 }  // namespace
 
 TEST_CASE("random operations on the pool keep every invariant of the model", "[.model]") {
-  check_seeds(RunOptions{}, 300);
+  check_seeds(RunOptions{}, 600);
 }
 
 TEST_CASE("stream churn keeps reserved memory flat, whatever the fence policy", "[.model]") {

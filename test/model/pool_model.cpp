@@ -29,6 +29,7 @@
 #include <streampool/size_classes.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1084,8 +1085,12 @@ void Model::op_record_stream() {
   launch_ordinary(b, other, src_.one_in(2));
   if (!record_first) record();
   // Not recorded (a fault): the pool cannot know of the other stream's work, so the buffer's own
-  // stream waits for it, and its drop there then follows that work.
-  if (!recorded) order_after(b.slot, other);
+  // stream waits for it, its drop there then follows that work, and the other stream uses the
+  // buffer no more.
+  if (!recorded) {
+    order_after(b.slot, other);
+    std::erase(b.uses, other);
+  }
   note(fmt::format("record_stream b{} on {}, used there{}", b.id, name(other),
                    recorded ? "" : " (not recorded: its stream waits for it)"));
 }
@@ -2580,6 +2585,15 @@ void concurrent_worker(Concurrent& c, std::uint64_t seed, const ConcurrentOption
   while (!kept.empty()) drop(kept.size() - 1);
 }
 
+int reclaimer_count(const ConcurrentOptions& co) {
+  const auto without = [&](const char* what) {
+    return std::find(co.without.begin(), co.without.end(), what) != co.without.end();
+  };
+  return without("reclaimers")           ? 0
+         : without("concurrent_reclaim") ? std::min(1, co.reclaimers)
+                                         : co.reclaimers;
+}
+
 // The pool options of a concurrent run, and a line naming them.
 PoolOptions concurrent_options(std::uint64_t seed, const ConcurrentOptions& co,
                                std::string& setup) {
@@ -2600,8 +2614,11 @@ PoolOptions concurrent_options(std::uint64_t seed, const ConcurrentOptions& co,
   if (std::find(co.without.begin(), co.without.end(), "limit") != co.without.end()) {
     options.max_reserved_bytes = 0;
   }
-  setup = fmt::format("concurrent, seed {}, {} workers x {} steps, {} trimming: {}", seed,
-                      co.threads, co.steps_per_thread, co.reclaimers, options.to_conf());
+  setup = fmt::format(
+      "concurrent, seed {}, {} workers x {} steps, {} trimming{}: {}", seed, co.threads,
+      co.steps_per_thread, reclaimer_count(co),
+      co.without.empty() ? "" : ", without " + fmt::format("{}", fmt::join(co.without, ",")),
+      options.to_conf());
   return options;
 }
 
@@ -2614,13 +2631,8 @@ RunResult run_concurrent(std::uint64_t seed, const ConcurrentOptions& co) {
   auto fake = std::make_shared<FakeDevice>();
   auto pool = std::make_unique<MemoryPool>(fake, options);
   Concurrent c(*pool, *fake, options, fake->create_stream());
-  const auto without = [&](const char* what) {
-    return std::find(co.without.begin(), co.without.end(), what) != co.without.end();
-  };
-  const int reclaimer_count = without("reclaimers")           ? 0
-                              : without("concurrent_reclaim") ? std::min(1, co.reclaimers)
-                                                              : co.reclaimers;
-  std::latch start(co.threads + reclaimer_count);
+  const int reclaimers_now = reclaimer_count(co);
+  std::latch start(co.threads + reclaimers_now);
   std::vector<std::thread> workers;
   for (int t = 0; t < co.threads; ++t) {
     workers.emplace_back(concurrent_worker, std::ref(c),
@@ -2628,7 +2640,7 @@ RunResult run_concurrent(std::uint64_t seed, const ConcurrentOptions& co) {
                          std::ref(start));
   }
   std::vector<std::thread> reclaimers;
-  for (int t = 0; t < reclaimer_count; ++t) {
+  for (int t = 0; t < reclaimers_now; ++t) {
     reclaimers.emplace_back([&, t] {
       std::mt19937_64 r(seed * 7 + static_cast<std::uint64_t>(t));
       start.arrive_and_wait();
