@@ -29,9 +29,10 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 using pool_model::RunOptions;
@@ -162,4 +163,39 @@ TEST_CASE(
                       seed, seed, result.setup, result.failure->kind, result.failure->what));
     }
   }
+}
+
+TEST_CASE("the reduced failures found on today's core (test/model/findings.txt) pass, each",
+          "[.model]") {
+  std::ifstream file(STREAMPOOL_MODEL_FINDINGS);
+  REQUIRE(file.good());
+  std::string failing;
+  int entries = 0;
+  for (std::string line; std::getline(file, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> fields;
+    std::istringstream in(line);
+    for (std::string field; std::getline(in, field, '|');) {
+      const auto first = field.find_first_not_of(' ');
+      const auto last = field.find_last_not_of(' ');
+      fields.push_back(first == std::string::npos ? "" : field.substr(first, last - first + 1));
+    }
+    REQUIRE(fields.size() == 6);
+    ++entries;
+    RunOptions options;
+    if (fields[2] != "-") {
+      std::istringstream names(fields[2]);
+      for (std::string name; std::getline(names, name, ',');) options.without.push_back(name);
+    }
+    if (fields[3] == "basic") options.profile = pool_model::Profile::basic;
+    options.max_steps = std::stoi(fields[4]);
+    const RunResult result =
+        pool_model::run_bytes_isolated(pool_model::from_hex(fields[5]), options);
+    if (result.failure) {
+      failing += fmt::format("{} ({}): {}: {}\n", fields[0], fields[1], result.failure->kind,
+                             result.failure->what);
+    }
+  }
+  CAPTURE(entries);
+  if (!failing.empty()) FAIL("still failing:\n" + failing);
 }

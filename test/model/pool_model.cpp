@@ -2283,7 +2283,20 @@ RunResult reduce(const RunResult& failing, const RunOptions& options, int max_ru
       }
     }
   };
+  // A crash leaves unread bytes after the operation it happened in: cut them.
+  const auto cut_tail = [&] {
+    if (best.op_start.empty()) return;
+    for (std::size_t keep : {8u, 32u, 128u, 512u}) {
+      const std::size_t end = best.op_start.back() + keep;
+      if (end >= best.bytes.size()) return;
+      if (attempt({best.bytes.begin(), best.bytes.begin() + static_cast<std::ptrdiff_t>(end)},
+                  true)) {
+        return;
+      }
+    }
+  };
   remove_operations();
+  cut_tail();
   // Then fewer kinds of operation: no helper thread (byte 3), and each operation's weight set to
   // 0 (its byte to 7), one at a time; each success is followed by more removals.
   for (bool changed = true; changed && runs < max_runs;) {
