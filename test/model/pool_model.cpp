@@ -1806,7 +1806,7 @@ void Model::check_pinned(const Buffer& b, int capturing_pool) {
   const std::uintptr_t end = b.begin + b.bytes;
   for (const Held& h : held_) {
     if (b.begin < h.begin + h.bytes && h.begin < end) {
-      fail("pinned memory handed out",
+      fail(h.live ? "held memory handed out" : "adopted memory handed out",
            fmt::format("b{} [{:#x}, {:#x}) overlaps b{}, which p{} {} for its graphs", b.id,
                        b.begin, end, h.id, h.pool, h.live ? "holds" : "adopted"));
       return;
@@ -1816,7 +1816,7 @@ void Model::check_pinned(const Buffer& b, int capturing_pool) {
     if (pools_[p].expired || static_cast<int>(p) == capturing_pool) continue;
     for (const auto& [lo, hi] : pools_[p].private_ranges) {
       if (b.begin < hi && lo < end) {
-        fail("pinned memory handed out",
+        fail("private memory handed out",
              fmt::format("b{} [{:#x}, {:#x}) overlaps [{:#x}, {:#x}), private memory of p{}, "
                          "which is alive",
                          b.id, b.begin, end, lo, hi, p));
