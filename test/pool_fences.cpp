@@ -307,6 +307,9 @@ TEST_CASE("with cross_stream_wait, B takes a large range whose fence is recorded
   cudaStream_t a = fake.create_stream();
   cudaStream_t b = fake.create_stream();
 
+  // A's call that records the fence is a drop: an allocation on A could be served from A's own
+  // dropped range, which is A's to reuse at once.
+  auto kept = Bytes::alloc_async(*pool, 4096, a);
   void* dropped = nullptr;
   {
     auto x = Bytes::alloc_async(*pool, large, a);
@@ -314,7 +317,7 @@ TEST_CASE("with cross_stream_wait, B takes a large range whose fence is recorded
     dropped = x.data();
   }
   auto y = Bytes::alloc_async(*pool, large, b);  // no fence on A yet: B grows, and asks for one
-  Bytes::alloc_async(*pool, 100000, a).reset();  // A's next call records it
+  kept.reset();                                  // A's next call records it
   REQUIRE(fake.calls(FakeDevice::Call::event_record) == 1);
   const auto mallocs = fake.calls(FakeDevice::Call::malloc);
   const auto waits = fake.calls(FakeDevice::Call::stream_wait_event);
@@ -325,6 +328,33 @@ TEST_CASE("with cross_stream_wait, B takes a large range whose fence is recorded
   CHECK(fake.calls(FakeDevice::Call::stream_wait_event) == waits + 1);
   write_on(fake, b, handed);  // ordered after A's write by the wait: no race
   INFO(first_hazard(fake));
+  REQUIRE(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Found by the randomized model check: a slab carved from a range another stream's fence still
+// guards, which the carving stream took by waiting on that fence (cross_stream_wait), put its
+// blocks in the depot as clean, where a third stream took one while the first stream's work on it
+// was pending. They are the waiting stream's only.
+TEST_CASE("with cross_stream_wait, a slab carved from a range taken by waiting is that stream's "
+          "alone") {
+  auto options = test_options();
+  options.cross_stream_wait = true;
+  options.fence_every_free = true;             // A's drop records the fence B waits on
+  options.segment_bytes = std::size_t{1} << 20;  // one slab's range: no clean memory beside it
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, std::size_t{1} << 20, a);
+    write_on(fake, a, x);  // pending when x is dropped
+  }
+  auto on_b = Bytes::alloc_async(*pool, block_bytes, b);  // carves a slab from x's range, waiting
+  write_on(fake, b, on_b);
+  auto on_c = Bytes::alloc_async(*pool, block_bytes, c);
+  write_on(fake, c, on_c);  // races with A's write if C got a block of that slab
   REQUIRE(fake.hazards().empty());
   fake.complete_all();
 }

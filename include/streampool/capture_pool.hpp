@@ -23,8 +23,11 @@
 //   - When the last reference goes, every registered buffer is dropped in registration order, then
 //     the private memory goes back to the MemoryPool. CUDA forbids CUDA calls in a user object's
 //     destructor, so a release that comes from a graph is only queued there; the library
-//     completes it at its next safe point (any capture or graph call, a MemoryPool slow path, or
-//     complete_graph_releases()).
+//     completes it at its next safe point: any capture or graph call, MemoryPool::trim, the
+//     MemoryPool's destruction (for its own CapturePools), or complete_graph_releases() - never
+//     inside an allocation, and not while a capture is under way. A release that arrives after
+//     its MemoryPool is gone (the graph's last replay completed later) waits for the next safe
+//     point anywhere in the program; the pool's memory stays reserved until then.
 //   - Graphs that share a CapturePool share its private memory: replay them in stream order
 //     (one after another on one stream, or ordered by events), never concurrently.
 //
@@ -164,7 +167,8 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
 CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool);
 
 // Completes releases that graphs handed to the library (see the lifetime rules above). The
-// library calls it at its own safe points; calling it is never necessary, only sooner.
+// library calls it at its own safe points; call it to have them sooner, or after the last
+// MemoryPool of the program is gone while graphs of it were still replaying.
 void complete_graph_releases() noexcept;
 
 }  // namespace streampool

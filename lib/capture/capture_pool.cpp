@@ -64,6 +64,7 @@ void unbind(detail::CaptureBinding& binding) noexcept {
   detail::note_capture_end(capture.mode, capture.thread);
   binding.end_capture();
   binding.unref();  // the capture's reference
+  detail::bury_dead_pools();  // pools whose destruction the capture deferred
 }
 
 // A safe point of the capture layer: no lock held, no capture of ours restricting this thread.

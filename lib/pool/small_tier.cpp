@@ -30,7 +30,7 @@ Block* SmallTier::take(StreamState& s, std::uint32_t size_class, std::error_code
     if (Block* b = steal(s, size_class)) return b;
     pool_.drain_parked();
     if (Block* b = from_depot(s, size_class)) return b;
-    return carve(size_class, error);
+    return carve(s, size_class, error);
   };
   return pool_.with_reclaim(attempt, error);
 }
@@ -135,7 +135,7 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
   return taken[0];
 }
 
-Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexcept {
+Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept {
   const std::size_t block = pool_.classes().block_size(size_class);
   const std::size_t per_slab = options_.slab_bytes > block ? options_.slab_bytes / block : 1;
   const std::size_t rounding = options_.large_rounding;
@@ -149,14 +149,22 @@ Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexce
     error = make_error_code(Errc::out_of_memory);
     return nullptr;
   }
+  // A clean range, or one of s's own: its blocks are then s's, safe on s at once and elsewhere
+  // once the range's need is covered, like any block dropped on s.
   LargeTier& large = pool_.large();
-  Block* range = large.find(nullptr, range_bytes, nullptr);
+  Need had;
+  Block* range = large.find(&s, range_bytes, &had);
   if (range == nullptr) {
     large.coalesce_covered();
-    range = large.find(nullptr, range_bytes, nullptr);
+    range = large.find(&s, range_bytes, &had);
   }
-  if (range == nullptr) range = large.grow(nullptr, range_bytes, nullptr, nullptr, error);
+  if (range == nullptr) range = large.grow(&s, range_bytes, &had, nullptr, error);
   if (range == nullptr) return nullptr;
+  // The range was clean (or covered), s's own, or (cross_stream_wait) another stream's that s now
+  // waits for: then its blocks are safe on s only, and on others once s's next fence completes.
+  const Need found = had;
+  const bool waited = had.timeline != nullptr && had.timeline != &s.timeline && !covered(had);
+  if (had.timeline != nullptr && had.timeline != &s.timeline) had = {};
   range->is_slab = true;
   slab->range = range;
   std::byte* ptr = range->ptr;
@@ -165,6 +173,7 @@ Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexce
     b.size = block;
     b.size_class = size_class;
     b.slab = slab.get();
+    b.need = had;
     ptr += block;
   }
   Slab* raw = slab.get();
@@ -174,13 +183,35 @@ Block* SmallTier::carve(std::uint32_t size_class, std::error_code& error) noexce
       slabs_.push_back(std::move(slab));
     } catch (const std::bad_alloc&) {
       range->is_slab = false;
-      pool_.large().put(range, {});
+      large.put(range, found);
       error = make_error_code(Errc::out_of_memory);
       return nullptr;
     }
-    // The first block is the caller's: other threads may empty the depot before it looks there.
-    for (std::size_t i = 1; i < raw->blocks.size(); ++i) depot_[size_class].push_back(&raw->blocks[i]);
-    raw->in_depot = raw->blocks.size() - 1;
+    if (had.timeline == nullptr && !waited) {
+      // The first block is the caller's: other threads may empty the depot before it looks.
+      for (std::size_t i = 1; i < raw->blocks.size(); ++i) depot_[size_class].push_back(&raw->blocks[i]);
+      raw->in_depot = raw->blocks.size() - 1;
+    }
+  }
+  if (had.timeline != nullptr || waited) {
+    s.lock.lock();
+    if (waited) had = s.need_now();
+    if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) {
+      for (std::size_t i = 1; i < raw->blocks.size(); ++i) {
+        raw->blocks[i].need = had;
+        s.free[size_class].push_back(&raw->blocks[i]);
+      }
+      s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + raw->blocks.size() - 1);
+      s.lock.unlock();
+    } else {
+      s.lock.unlock();
+      for (std::size_t i = 1; i < raw->blocks.size(); ++i) {
+        try {
+          pool_.park(&raw->blocks[i], {had});
+        } catch (const std::bad_alloc&) {
+        }
+      }
+    }
   }
   return &raw->blocks[0];
 }

@@ -52,7 +52,7 @@ class SmallTier {
  private:
   Block* from_depot(StreamState& s, std::uint32_t size_class) noexcept;
   Block* steal(StreamState& s, std::uint32_t size_class) noexcept;
-  Block* carve(std::uint32_t size_class, std::error_code& error) noexcept;
+  Block* carve(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept;
 
   PoolCore& pool_;
   const PoolOptions& options_;
