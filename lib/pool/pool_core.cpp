@@ -56,7 +56,10 @@ PoolCore::~PoolCore() {
     }
   }
   for (const auto& segment : large_.segments()) {
-    if (device_->free(segment->base) == cudaSuccess) count_device_free(segment->size);
+    // Once more where the first attempt failed: nothing else will ever free it.
+    if (device_->free(segment->base) == cudaSuccess || device_->free(segment->base) == cudaSuccess) {
+      count_device_free(segment->size);
+    }
   }
 }
 

@@ -149,16 +149,23 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_cod
     error = make_error_code(Errc::out_of_memory);
     return nullptr;
   }
-  // A clean range, or one of s's own: its blocks are then s's, safe on s at once and elsewhere
-  // once the range's need is covered, like any block dropped on s.
+  // A clean range, a new segment, or, when the device has no room, one of s's own free ranges
+  // (its blocks are then s's, safe on s at once and elsewhere once the range's need is covered,
+  // like any block dropped on s). A stream's own ranges are kept for its large requests while
+  // the device has room: cutting them into slabs took the two-stream trace from 1.06 to 1.48
+  // reserved per requested byte.
   LargeTier& large = pool_.large();
   Need had;
-  Block* range = large.find(&s, range_bytes, &had);
+  Block* range = large.find(nullptr, range_bytes, &had);
   if (range == nullptr) {
     large.coalesce_covered();
-    range = large.find(&s, range_bytes, &had);
+    range = large.find(nullptr, range_bytes, &had);
   }
-  if (range == nullptr) range = large.grow(&s, range_bytes, &had, nullptr, error);
+  if (range == nullptr) range = large.grow(nullptr, range_bytes, &had, nullptr, error);
+  if (range == nullptr && error == Errc::out_of_memory) {
+    range = large.find(&s, range_bytes, &had);
+    if (range != nullptr) error.clear();
+  }
   if (range == nullptr) return nullptr;
   // The range was clean (or covered), s's own, or (cross_stream_wait) another stream's that s now
   // waits for: then its blocks are safe on s only, and on others once s's next fence completes.
