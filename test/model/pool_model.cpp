@@ -19,6 +19,7 @@
 //     first), and under StreamChecks::none only after release_stream.
 //   - An injected fault is armed just before one pool call and disarmed just after it, so that
 //     the model's own device calls never meet it.
+#include "../live_ranges.hpp"
 #include "pool_model.hpp"
 
 #include <streampool/capture_pool.hpp>
@@ -2451,45 +2452,6 @@ RunResult run_churn(std::uint64_t seed, PoolOptions options, int rounds) {
 // --- the concurrent variant ---------------------------------------------------------------------
 
 namespace {
-
-// The address ranges of the buffers alive now, checked at each allocation. Workers record what
-// they saw here; the driver reports it afterwards.
-class LiveRanges {
- public:
-  void add(const void* ptr, std::size_t bytes) {
-    const std::uintptr_t begin = address(ptr);
-    const std::uintptr_t end = begin + bytes;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto next = ranges_.lower_bound(begin);
-    if (next != ranges_.end() && next->first < end) overlap(begin, end, *next);
-    if (next != ranges_.begin()) {
-      auto previous = std::prev(next);
-      if (previous->second > begin) overlap(begin, end, *previous);
-    }
-    ranges_[begin] = end;
-  }
-  void remove(const void* ptr) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ranges_.erase(address(ptr));
-  }
-  std::string first_overlap() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return first_;
-  }
-
- private:
-  void overlap(std::uintptr_t begin, std::uintptr_t end,
-               const std::pair<const std::uintptr_t, std::uintptr_t>& live) {
-    if (first_.empty()) {
-      first_ = fmt::format("[{:#x}, {:#x}) handed out while [{:#x}, {:#x}) is live", begin, end,
-                           live.first, live.second);
-    }
-  }
-
-  mutable std::mutex mutex_;
-  std::map<std::uintptr_t, std::uintptr_t> ranges_;
-  std::string first_;
-};
 
 struct Concurrent {
   Concurrent(MemoryPool& p, FakeDevice& f, const PoolOptions& o, cudaStream_t shared)
