@@ -150,7 +150,7 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
 }
 
 void CaptureBinding::drop_piece(Block* b, cudaStream_t stream,
-                                const std::vector<RecordedStream>& uses) noexcept {
+                                UseSpan uses) noexcept {
   const Capture now = capture();
   // In the capture, on its stream: only the graph uses it, in stream order. Anywhere else its
   // uses are real work: fence them (this drop names their streams).
@@ -170,13 +170,13 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream,
   unref();
 }
 
-void CaptureBinding::adopt(Block* b, const std::vector<RecordedStream>& uses) noexcept {
+void CaptureBinding::adopt(Block* b, UseSpan uses) noexcept {
   const Capture now = capture();
   std::vector<Need> needs;
   try {
     // The first use is the captured stream's: its work before the capture is covered by the
     // fence recorded when the capture began. The others are fenced now.
-    const std::vector<RecordedStream> others(uses.begin() + (uses.empty() ? 0 : 1), uses.end());
+    const UseSpan others = uses.empty() ? uses : uses.subspan(1);
     if (!others.empty()) needs = core_.fence_uses(others);
     if (now.before.timeline != nullptr) needs.push_back(now.before);
     std::lock_guard<std::mutex> lock(mutex_);

@@ -45,10 +45,10 @@ class CaptureBinding {
   Block* allocate(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
   // A private piece dropped on `stream` (the gate's take_drop), still counted live.
   void drop_piece(Block* block, cudaStream_t stream,
-                  const std::vector<RecordedStream>& uses) noexcept;
+                  UseSpan uses) noexcept;
   // A shared block dropped on the captured stream during the capture, still counted live: kept
   // until the binding goes.
-  void adopt(Block* block, const std::vector<RecordedStream>& uses) noexcept;
+  void adopt(Block* block, UseSpan uses) noexcept;
 
   // The capture under way, if any.
   struct Capture {

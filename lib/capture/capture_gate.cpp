@@ -63,7 +63,7 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
 }
 
 bool CaptureGate::take_drop(Block* block, cudaStream_t stream,
-                            const std::vector<RecordedStream>& uses) noexcept {
+                            UseSpan uses) noexcept {
   if (block->keeper != nullptr) {
     static_cast<CaptureBinding*>(block->keeper)->drop_piece(block, stream, uses);
     return true;

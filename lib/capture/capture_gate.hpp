@@ -30,7 +30,7 @@ class CaptureGate final : public Gate {
   Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                   std::error_code& error) noexcept override;
   bool take_drop(Block* block, cudaStream_t stream,
-                 const std::vector<RecordedStream>& uses) noexcept override;
+                 UseSpan uses) noexcept override;
   StreamState* bound_state(cudaStream_t stream) noexcept override;
   void safe_point() noexcept override;
   void closing() noexcept override;

@@ -184,7 +184,8 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
                 "begin_capture_with_pool: the stream is already captured (with or without a pool)");
   }
   std::error_code error;
-  const detail::StreamRegistry::Found found = core.registry().find(stream, error);
+  detail::GateStatus gate_status;
+  const detail::StreamRegistry::Found found = core.registry().find(stream, gate_status, error);
   if (found.state == nullptr) {
     throw Error(error ? static_cast<Errc>(error.value()) : Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream's id");

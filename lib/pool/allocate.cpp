@@ -14,9 +14,10 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
     error = make_error_code(Errc::invalid_value);
     return nullptr;
   }
-  const StreamRegistry::Found found = registry_.find(stream, error);
+  GateStatus gate;
+  const StreamRegistry::Found found = registry_.find(stream, gate, error);
   if (found.state == nullptr) {
-    if (!error) return allocate_gated(bytes, stream, found.gate, error);
+    if (!error) return allocate_gated(bytes, stream, gate, error);
     // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()).
     if (error == gate_invalidated()) error = ungated();
     return nullptr;
@@ -29,7 +30,7 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_cod
         s.generation.load(std::memory_order_relaxed) == found.generation) {
       if (Block* b = s.free[size_class].pop_front()) {
         s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
-        reused_here(s, *b, b->size);
+        reused_here(s, b->need, b->size);
         ++s.counters.hits;
         count_allocation(s, b, bytes);
         s.lock.unlock();
@@ -61,9 +62,10 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
   if (!s.current(generation)) {
     // Retired since the lookup (release_stream, or its handle seen with a new id): look again.
     s.lock.unlock();
-    const StreamRegistry::Found again = registry_.find(stream, error);
+    GateStatus gate;
+    const StreamRegistry::Found again = registry_.find(stream, gate, error);
     if (again.state == nullptr) {
-      return error ? nullptr : allocate_gated(bytes, stream, again.gate, error);
+      return error ? nullptr : allocate_gated(bytes, stream, gate, error);
     }
     return allocate_slow(*again.state, again.generation, bytes, stream, error);
   }
@@ -122,9 +124,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
   s.lock.lock();
   if (grew) ++s.counters.misses;
   else ++s.counters.hits;
-  Block own;
-  own.need = was;
-  reused_here(s, own, rounded);
+  reused_here(s, was, rounded);
   s.lock.unlock();
   return range;
 }

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 namespace streampool::detail {
@@ -46,6 +48,28 @@ struct RecordedStream {
   StreamState* state;
   std::uint32_t generation;
 };
+
+// The streams whose work may still use a dropped block: the drop's stream first, then those
+// record_stream named. Most blocks have one, kept inline; `lost` when they could not be listed
+// (no memory): then only a device synchronize covers them.
+class Uses {
+ public:
+  Uses() = default;
+  explicit Uses(RecordedStream one) noexcept : one_(one), count_(one.state != nullptr ? 1 : 0) {}
+  // Takes `more` (the drop's stream already first in it).
+  explicit Uses(std::unique_ptr<std::vector<RecordedStream>> more) noexcept
+      : more_(std::move(more)) {}
+  std::span<const RecordedStream> view() const noexcept {
+    if (more_ != nullptr) return {more_->data(), more_->size()};
+    return {&one_, count_};
+  }
+
+ private:
+  RecordedStream one_{nullptr, 0};
+  std::size_t count_ = 0;
+  std::unique_ptr<std::vector<RecordedStream>> more_;
+};
+using UseSpan = std::span<const RecordedStream>;
 
 // One range of device memory: a small block of a size class, carved from a slab, or a large range
 // of the arena (a slab itself is a large range carved into small blocks).

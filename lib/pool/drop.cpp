@@ -35,11 +35,12 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
     s.lock.unlock();
   }
 
-  drop_slow(b, stream, uses_of(b));
+  const Uses uses = uses_of(b);
+  drop_slow(b, stream, uses.view());
 }
 
 void PoolCore::drop_slow(Block* b, cudaStream_t stream,
-                         const std::vector<RecordedStream>& uses) noexcept {
+                         UseSpan uses) noexcept {
   if (Gate* gate = gate_.load(std::memory_order_acquire);
       gate != nullptr && (b->keeper != nullptr || gate_engaged()) &&
       gate->take_drop(b, stream, uses)) {
@@ -53,17 +54,22 @@ void PoolCore::drop_slow(Block* b, cudaStream_t stream,
   if (orphaned) count_down();  // last: it may destroy the core
 }
 
-std::vector<RecordedStream> PoolCore::uses_of(Block* b) noexcept {
-  std::vector<RecordedStream> uses;
-  try {
-    uses.reserve(1 + (b->recorded != nullptr ? b->recorded->size() : 0));
-    uses.push_back({b->home, b->home_generation});
-    if (b->recorded != nullptr) uses.insert(uses.end(), b->recorded->begin(), b->recorded->end());
-  } catch (const std::bad_alloc&) {
-    uses.clear();  // no room to name them: every use is lost, only a device synchronize covers it
+Uses PoolCore::uses_of(Block* b) noexcept {
+  const RecordedStream home{b->home, b->home_generation};
+  if (b->recorded == nullptr) return Uses(home);
+  std::unique_ptr<std::vector<RecordedStream>> all(b->recorded);
+  b->recorded = nullptr;
+  for (const RecordedStream& use : *all) {
+    use.state->lock.lock();
+    --use.state->recorded_by;
+    use.state->lock.unlock();
   }
-  forget_recorded(b);
-  return uses;
+  try {
+    all->insert(all->begin(), home);
+  } catch (const std::bad_alloc&) {
+    return Uses();  // no room to name them: every use is lost, only a device synchronize covers it
+  }
+  return Uses(std::move(all));
 }
 
 void PoolCore::count_drop(Block* b) noexcept {
@@ -74,7 +80,7 @@ void PoolCore::count_drop(Block* b) noexcept {
   if (orphaned) count_down();
 }
 
-void PoolCore::place(Block* b, const std::vector<RecordedStream>& uses) noexcept {
+void PoolCore::place(Block* b, UseSpan uses) noexcept {
   b->home = nullptr;
   if (uses.size() == 1 && uses.front().state != nullptr) {
     StreamState& u = *uses.front().state;
@@ -131,7 +137,7 @@ Need PoolCore::fence_now(StreamState& s) noexcept {
   return need;
 }
 
-std::vector<Need> PoolCore::fence_uses(const std::vector<RecordedStream>& uses) noexcept {
+std::vector<Need> PoolCore::fence_uses(UseSpan uses) noexcept {
   std::vector<Need> needs;
   const Need lost{&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
   try {
@@ -193,7 +199,8 @@ void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
 
 void PoolCore::record_stream(Block* b, cudaStream_t stream) {
   std::error_code error;
-  StreamRegistry::Found found = registry_.find(stream, error);
+  GateStatus status;
+  StreamRegistry::Found found = registry_.find(stream, status, error);
   if (found.state == nullptr) {
     if (error) throw Error(static_cast<Errc>(error.value()), "record_stream: the stream's id");
     // Behind the gate: a stream it has bound is known to it, without asking the id.

@@ -59,6 +59,9 @@ FenceResult PoolCore::record_fence(StreamState& s) noexcept {
   // A fence recorded on a capturing stream would belong to the graph (and never complete here).
   const GateStatus status = gate_status(*device_, s.handle);
   if (status.error != cudaSuccess || status.capturing()) return FenceResult::failed;
+  // Nobody may ask for this stream's blocks for a long while: learn here too which of its fences
+  // completed, so that its fences (and their events) do not pile up.
+  if (s.fences.size() >= 8) refresh(s);
   const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
   FenceResult result = FenceResult::failed;
   if (cudaEvent_t event = events_.take(); event != nullptr) {

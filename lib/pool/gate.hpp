@@ -104,7 +104,7 @@ class Gate {
   // when the gate took it (memory it owns, or a drop into a capture); the block is then the
   // gate's, and still counted live until the gate calls PoolCore::count_drop.
   virtual bool take_drop(Block* block, cudaStream_t stream,
-                         const std::vector<RecordedStream>& uses) noexcept = 0;
+                         UseSpan uses) noexcept = 0;
   // The state of `stream` when it is being captured with this pool, found without a device call;
   // null otherwise.
   virtual StreamState* bound_state(cudaStream_t stream) noexcept = 0;

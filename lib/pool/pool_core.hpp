@@ -105,7 +105,7 @@ class PoolCore {
   // Parks a block that came back, with the needs of its uses.
   void park(Block* block, std::vector<Need> needs) noexcept;
   // The needs of these uses, each fenced now where it can be (see drop.cpp).
-  std::vector<Need> fence_uses(const std::vector<RecordedStream>& uses) noexcept;
+  std::vector<Need> fence_uses(UseSpan uses) noexcept;
   // Records a fence on `s` now (its call names it) and returns the need it covers; the need of
   // an unfenced drop when no fence could be made.
   Need fence_now(StreamState& s) noexcept;
@@ -148,9 +148,9 @@ class PoolCore {
     return now - s.unfenced_since_ns > policy_.unfenced_ns;
   }
   // A free block of s goes back into use on s. [s.lock]
-  static void reused_here(StreamState& s, const Block& b, std::size_t bytes) noexcept {
-    if (b.need.timeline != &s.timeline ||
-        b.need.index != s.timeline.recorded.load(std::memory_order_relaxed)) {
+  static void reused_here(StreamState& s, const Need& need, std::size_t bytes) noexcept {
+    if (need.timeline != &s.timeline ||
+        need.index != s.timeline.recorded.load(std::memory_order_relaxed)) {
       return;  // covered by a fence already: not counted as unfenced
     }
     s.unfenced_bytes -= std::min(bytes, s.unfenced_bytes);
@@ -229,10 +229,10 @@ class PoolCore {
   Block* allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                         std::error_code& error) noexcept;
   // drop.cpp
-  void drop_slow(Block* b, cudaStream_t stream, const std::vector<RecordedStream>& uses) noexcept;
-  std::vector<RecordedStream> uses_of(Block* b) noexcept;
+  void drop_slow(Block* b, cudaStream_t stream, UseSpan uses) noexcept;
+  Uses uses_of(Block* b) noexcept;
   void forget_recorded(Block* b) noexcept;  // the record_stream entries, given up
-  void place(Block* b, const std::vector<RecordedStream>& uses) noexcept;
+  void place(Block* b, UseSpan uses) noexcept;
   void keep_on(StreamState& u, Block* b) noexcept;  // [u.lock], unlocks it
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).
   bool count_release(StreamState& s, Block* b) noexcept {

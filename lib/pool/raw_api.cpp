@@ -33,7 +33,8 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
   // The stream the free is ordered on. One behind the gate is known to the gate without asking
   // its id; one that cannot be identified is a use nothing but a device synchronize covers.
   std::error_code error;
-  StreamRegistry::Found on = registry_.find(stream, error);
+  GateStatus status;
+  StreamRegistry::Found on = registry_.find(stream, status, error);
   if (on.state == nullptr && !error) {
     Gate* gate = gate_.load(std::memory_order_acquire);
     on.state = gate != nullptr ? gate->bound_state(stream) : nullptr;
@@ -45,13 +46,9 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
   }
   // Freed on another stream than it was allocated on (as cudaFreeAsync allows): its last use is
   // ordered before the work enqueued on `stream` so far.
-  std::vector<RecordedStream> uses;
-  try {
-    if (on.state != nullptr) uses.push_back({on.state, on.generation});
-  } catch (const std::bad_alloc&) {
-  }
   forget_recorded(b);
-  drop_slow(b, stream, uses);
+  const Uses uses(RecordedStream{on.state, on.generation});
+  drop_slow(b, stream, uses.view());
 }
 
 }  // namespace streampool::detail

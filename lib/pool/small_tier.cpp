@@ -18,7 +18,7 @@ Block* SmallTier::take(StreamState& s, std::uint32_t size_class, std::error_code
   s.lock.lock();
   if (Block* b = s.free[size_class].pop_front()) {  // the fast path left it for a slow reason
     s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
-    PoolCore::reused_here(s, *b, b->size);
+    PoolCore::reused_here(s, b->need, b->size);
     ++s.counters.hits;
     s.lock.unlock();
     return b;

@@ -33,40 +33,38 @@ std::error_code device_error(cudaError_t status) {
 }  // namespace
 
 template <StreamChecks checks>
-StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, std::error_code& error) noexcept {
-  Found found;
+StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& gate,
+                                              std::error_code& error) noexcept {
   std::uint64_t key = 0;
   StreamId id = 0;
   if constexpr (checks == StreamChecks::none) {
     key = reinterpret_cast<std::uintptr_t>(stream);
   } else {
-    if (!ask_id(stream, found, id, error)) return found;
+    if (!ask_id(stream, gate, id, error)) return {};
     key = id;
   }
   for (const CachedStream& entry : stream_cache) {
     if (entry.pool == uid_ && entry.key == key &&
         entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
-      found.state = entry.state;
-      found.generation = entry.generation;
-      return found;
+      return {entry.state, entry.generation};
     }
   }
   if constexpr (checks == StreamChecks::none) {
-    if (!ask_id(stream, found, id, error)) return found;
+    if (!ask_id(stream, gate, id, error)) return {};
   }
   return lookup(stream, key, id, error);
 }
 
-bool StreamRegistry::ask_id(cudaStream_t stream, Found& found, StreamId& id,
+bool StreamRegistry::ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id,
                             std::error_code& error) noexcept {
   Device& device = pool_.device();
   if (checks_ == StreamChecks::full || gate_engaged()) {
-    found.gate = gate_status(device, stream);
-    if (found.gate.error != cudaSuccess) {
-      error = device_error(found.gate.error);
+    gate = gate_status(device, stream);
+    if (gate.error != cudaSuccess) {
+      error = device_error(gate.error);
       return false;
     }
-    if (found.gate.capturing()) return false;
+    if (gate.capturing()) return false;
   }
   const cudaError_t status = device.stream_id(stream, &id);
   if (status != cudaSuccess) {

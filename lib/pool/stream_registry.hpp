@@ -34,11 +34,11 @@ class PoolCore;
 class StreamRegistry {
  public:
   // What a lookup found: a state and the generation it was seen at, or (state null, no error) a
-  // stream that is capturing: `gate` has its status.
+  // stream that is capturing, whose status find() wrote to its `gate`. Sixteen bytes: returned in
+  // registers, as the fast path needs.
   struct Found {
     StreamState* state = nullptr;
     std::uint32_t generation = 0;
-    GateStatus gate;
   };
 
   StreamRegistry(PoolCore& pool, StreamChecks checks, std::size_t classes);
@@ -47,8 +47,8 @@ class StreamRegistry {
   StreamRegistry& operator=(const StreamRegistry&) = delete;
 
   // The state of `stream`, registering it when new. Never asks a capturing stream's id.
-  Found find(cudaStream_t stream, std::error_code& error) noexcept {
-    return (this->*strategy_)(stream, error);
+  Found find(cudaStream_t stream, GateStatus& gate, std::error_code& error) noexcept {
+    return (this->*strategy_)(stream, gate, error);
   }
   // The state registered for an explicit stream's handle, without a device call; null if none.
   StreamState* by_handle(cudaStream_t stream) noexcept;
@@ -74,12 +74,12 @@ class StreamRegistry {
   std::size_t retired_waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
 
  private:
-  using Strategy = Found (StreamRegistry::*)(cudaStream_t, std::error_code&) noexcept;
+  using Strategy = Found (StreamRegistry::*)(cudaStream_t, GateStatus&, std::error_code&) noexcept;
   static Strategy strategy_of(StreamChecks checks) noexcept;
   template <StreamChecks checks>
-  Found find_as(cudaStream_t stream, std::error_code& error) noexcept;
-  // The id of a stream not capturing; `found.gate` says when it is.
-  bool ask_id(cudaStream_t stream, Found& found, StreamId& id, std::error_code& error) noexcept;
+  Found find_as(cudaStream_t stream, GateStatus& gate, std::error_code& error) noexcept;
+  // The id of a stream not capturing; `gate` says when it is.
+  bool ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id, std::error_code& error) noexcept;
   Found lookup(cudaStream_t stream, std::uint64_t key, StreamId id, std::error_code& error) noexcept;
   StreamState* register_stream(cudaStream_t stream, StreamId id);  // [mutex_]
   StreamState* fresh_state();                                      // [mutex_]
