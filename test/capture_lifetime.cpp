@@ -380,3 +380,34 @@ TEST_CASE("owners given to record_buffer are never destroyed inside another pool
   CHECK(log.empty());
   unrelated->deallocate(p, 4096, u);
 }
+
+// Found in review: a private piece dropped during a later capture, on its stream, lost every use:
+// ordinary work since its own capture (named by record_stream) was not fenced, and the piece was
+// reused in the capture at once.
+TEST_CASE("a private piece dropped in a later capture keeps the needs of its ordinary uses") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto cp = std::make_shared<streampool::CapturePool>(*pool);
+  cp->reserve((std::size_t{1} << 20));
+  streampool::begin_capture_with_pool(cp, s);
+  auto p = Bytes::alloc_async(*pool, 4096, s);
+  fake.launch(s, {{p.data(), p.byte_size(), true}});
+  auto graph1 = streampool::end_capture_with_pool(s, cp);
+  // Ordinary work on o uses p, as record_stream's contract asks.
+  p.record_stream(o);
+  fake.launch(o, {{p.data(), p.byte_size(), true}});  // stays pending
+  void* p_ptr = p.data();
+  streampool::begin_capture_with_pool(cp, s);
+  p.reset();  // during capture 2, on its stream
+  auto q = Bytes::alloc_async(*pool, 4096, s);
+  fake.launch(s, {{q.data(), q.byte_size(), true}});
+  void* q_ptr = q.data();
+  auto graph2 = streampool::end_capture_with_pool(s, cp);
+  graph2.launch(s);
+  INFO(first_hazard(fake));
+  CHECK(q_ptr != p_ptr);
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}

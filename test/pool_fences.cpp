@@ -2,6 +2,7 @@
 // after the drop has completed (or, with cross_stream_wait, by B waiting on that fence). The fake
 // device's race detector checks every hand-off: each buffer is written by pending work, and any
 // block handed to B while A's work on it could still run is reported as a race.
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <chrono>
@@ -356,5 +357,42 @@ TEST_CASE("with cross_stream_wait, a slab carved from a range taken by waiting i
   auto on_c = Bytes::alloc_async(*pool, block_bytes, c);
   write_on(fake, c, on_c);  // races with A's write if C got a block of that slab
   REQUIRE(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Found in review: a slab cut (under cross_stream_wait, the device full) from another stream's
+// range that s waited on, s retired before the wait: the spare blocks were parked with a need on
+// s's retired timeline past its last fence, which the recycled state's next fence then covered.
+TEST_CASE("a slab carved by waiting, for a stream retired meanwhile, keeps the range's own need") {
+  auto options = test_options();
+  options.cross_stream_wait = true;
+  options.fence_every_free = true;
+  options.segment_bytes = (std::size_t{1} << 20);
+  options.slab_bytes = 64 << 10;
+  options.large_rounding = 64 << 10;
+  options.max_reserved_bytes = 2 * (std::size_t{1} << 20);
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t x = fake.create_stream();
+  cudaStream_t y = fake.create_stream();
+  auto r = Bytes::alloc_async(*pool, (std::size_t{1} << 20), a);  // segment 1
+  auto q = Bytes::alloc_async(*pool, (std::size_t{1} << 20), a);  // segment 2: the device (limit) is full
+  fake.launch(a, {{r.data(), r.byte_size(), true}});  // stays pending
+  void* r_ptr = r.data();
+  r.reset();  // fenced on a (fence_every_free); the fence stays pending
+  pool.device->before_next(FakeDevice::Call::stream_wait_event, [&] { pool->release_stream(s); });
+  auto z = Bytes::alloc_async(*pool, 4096, s);  // carve: OOM -> a's range, s waits on a's fence
+  REQUIRE(pool.device->fired() == 1);
+  REQUIRE(static_cast<void*>(z.data()) == r_ptr);
+  z.reset();        // s retired: a lost use, parked for a device synchronize
+  q.record_stream(x);  // x registered: gets s's recycled state
+  q.record_stream(x);
+  pool->release_stream(x);  // x's fence (the index the spare blocks wait for) completes
+  auto w = Bytes::alloc_async(*pool, 4096, y);
+  fake.launch(y, {{w.data(), w.byte_size(), true}});
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
   fake.complete_all();
 }

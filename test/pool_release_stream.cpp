@@ -5,6 +5,8 @@
 #include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
+#include <streampool/capture_pool.hpp>
+
 #include <future>
 #include <optional>
 
@@ -187,6 +189,45 @@ TEST_CASE("a stream's state is recycled only once nothing dropped on it is pendi
     write_on(fake, fresh, y);
   }
   INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Found in review: an allocation that found its stream's state gated unlocked it, asked the
+// capture status, and locked it again without checking that it still named the stream: the state
+// could have been recycled for another stream meanwhile, whose pending block it then took.
+TEST_CASE("an allocation that waited on a gated state checks that the state still names its "
+          "stream") {
+  auto options = test_options();
+  options.stream_checks = streampool::StreamChecks::none;
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t h = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, h).reset();  // h cached in this thread
+  auto cp = std::make_shared<streampool::CapturePool>(*pool);
+  cp->reserve((std::size_t{1} << 20));
+  streampool::begin_capture_with_pool(cp, h, streampool::CaptureMode::relaxed);
+  Bytes x;
+  void* y_ptr = nullptr;
+  cudaStream_t xs = nullptr;
+  pool.device->after_next(FakeDevice::Call::end_capture, [&] {
+    // CUDA has ended the capture; h's state is still gated (unbind has not run).
+    pool.device->after_next(FakeDevice::Call::capture_info, [&] {
+      // Inside x's allocation: it saw h gated, unlocked, asked the status (not capturing).
+      // Another thread releases h, and a new stream gets h's old state.
+      pool->release_stream(h);
+      xs = fake.create_stream();
+      auto y = Bytes::alloc_async(*pool, 4096, xs);
+      fake.launch(xs, {{y.data(), y.byte_size(), true}});  // pending
+      y_ptr = y.data();
+    });  // y dropped on xs
+    x = Bytes::alloc_async(*pool, 4096, h);
+  });
+  auto graph = streampool::end_capture_with_pool(h, cp);
+  REQUIRE(pool.device->fired() == 2);
+  fake.launch(h, {{x.data(), x.byte_size(), true}});
+  INFO(first_hazard(fake));
+  CHECK(static_cast<void*>(x.data()) != y_ptr);
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }

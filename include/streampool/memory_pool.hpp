@@ -1,24 +1,10 @@
 // MemoryPool: a stream-ordered caching allocator for one GPU.
 //
-// The data model, and who may touch what:
-//
-//   MemoryPool ──owns──► PoolCore: lives until the MemoryPool object and the last buffer are gone
-//    │
-//    ├─ StreamState, one per CUDA stream id          guarded by the state's own spin lock, which
-//    │   ├─ free[class]: blocks dropped on it         only two threads on one stream, or a steal,
-//    │   │   (newest first: reused on this stream     ever contend for
-//    │   │    at once; oldest last: stolen first)
-//    │   ├─ fences: events recorded on this stream, oldest first
-//    │   └─ counters, summed by stats()
-//    ├─ registry: stream id → StreamState             registry mutex (first sight of a stream)
-//    ├─ depot[class]: clean blocks, safe anywhere     depot mutex (cache misses only)
-//    ├─ arena: device segments → ranges in address    arena mutex (large requests, new slabs,
-//    │   order; free ranges indexed by size            reclaim)
-//    └─ event pool: idle fence events                 event mutex
-//
-//   block: a range of device memory. Small requests (up to options.size_classes.largest) get a
-//   block of their size class, carved from a slab the arena hands out; large requests get a range
-//   of the arena, best-fit, split from a free range and coalesced back with its free neighbours.
+// How it works: free blocks are cached per stream (reused on their stream at once, elsewhere once
+// a fence recorded after their drop has completed), in size classes up to
+// options.size_classes.largest and in a best-fit arena above. The data model, with who may touch
+// what under which lock, is drawn once, at the top of lib/pool/pool_core.hpp; docs/design.md says
+// why.
 //
 // The stream contract (the semantics of cudaMallocAsync / cudaFreeAsync):
 //   - memory allocated on stream S may be used by work on S at once; other streams must be
@@ -29,8 +15,9 @@
 //   - another stream gets it only after a fence (an event recorded on S after the drop) has
 //     completed, or by waiting on that fence (options.cross_stream_wait), or after a device
 //     synchronize. Fences are recorded only inside a call that names their stream (an allocation
-//     on it, the drop of one of its buffers, release_stream), and by default only when another
-//     stream wants that stream's blocks: one fence covers every block dropped before it.
+//     on it, the drop of one of its buffers, release_stream), when another stream wants that
+//     stream's blocks or its unfenced bytes pass their bounds (PoolOptions::unfenced_bytes,
+//     unfenced_us): one fence covers every block dropped before it.
 //
 // What the caller must do: drop every buffer used on a stream (its own, and those record_stream
 // named it for) before destroying that stream: the drop records fences on the buffer's streams,

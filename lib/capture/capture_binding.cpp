@@ -20,6 +20,7 @@ CaptureBinding::~CaptureBinding() {
     core_.settle(block, needs);
   }
   for (Block* range : ranges_) {
+    if (lost_) break;  // a piece's uses are unknown: no range goes back, none is reused early
     std::vector<Need> needs;
     try {
       for (const auto& [ptr, piece] : free_) {
@@ -133,6 +134,7 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
         b->ptr = ptr;
         b->size = size;
         b->keeper = this;
+        b->need = {nullptr, capture_.id};  // while live: the capture it was allocated in
         ref();
         return b;
       }
@@ -149,22 +151,39 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
   return nullptr;
 }
 
-void CaptureBinding::drop_piece(Block* b, cudaStream_t stream,
-                                UseSpan uses) noexcept {
+void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noexcept {
   const Capture now = capture();
-  // In the capture, on its stream: only the graph uses it, in stream order. Anywhere else its
-  // uses are real work: fence them (this drop names their streams).
+  // Dropped in the capture, on its stream, and only ever used by it (allocated in it, named by no
+  // record_stream): only the graph uses it, in stream order. Anything else used it for real work:
+  // its uses are fenced now (this drop names their streams), and what the capture's stream did
+  // before the capture is covered by the fence recorded as it began.
   const bool in_capture = now.active && stream == now.stream;
-  std::vector<Need> needs = in_capture ? std::vector<Need>{} : core_.fence_uses(uses);
+  const bool graph_only = in_capture && b->need.index == now.id && uses.size() <= 1;
+  std::vector<Need> needs;
+  bool listed = true;
+  if (!graph_only) {
+    listed = core_.fence_uses(in_capture ? uses.subspan(uses.empty() ? 0 : 1) : uses, needs);
+    if (listed && in_capture && now.before.timeline != nullptr) {
+      try {
+        needs.push_back(now.before);
+      } catch (const std::bad_alloc&) {
+        listed = false;
+      }
+    }
+  }
   core_.count_drop(b);
-  {
+  if (listed) {
     std::lock_guard<std::mutex> lock(mutex_);
     try {
       insert_piece(b->ptr, {b->size, range_of(b->ptr), in_capture ? now.origin : nullptr,
                             std::move(needs)});
     } catch (const std::bad_alloc&) {
-      // the piece is lost to reuse until the binding goes; nothing breaks
+      // the piece is lost to reuse until the binding goes, and its range with it
+      lost_ = true;
     }
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lost_ = true;  // its uses could not be listed: its range is never reused
   }
   delete b;
   unref();
@@ -173,14 +192,14 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream,
 void CaptureBinding::adopt(Block* b, UseSpan uses) noexcept {
   const Capture now = capture();
   std::vector<Need> needs;
+  // The first use is the captured stream's: its work before the capture is covered by the fence
+  // recorded when the capture began. The others are fenced now.
+  bool listed = core_.fence_uses(uses.empty() ? uses : uses.subspan(1), needs);
   try {
-    // The first use is the captured stream's: its work before the capture is covered by the
-    // fence recorded when the capture began. The others are fenced now.
-    const UseSpan others = uses.empty() ? uses : uses.subspan(1);
-    if (!others.empty()) needs = core_.fence_uses(others);
-    if (now.before.timeline != nullptr) needs.push_back(now.before);
+    if (listed && now.before.timeline != nullptr) needs.push_back(now.before);
     std::lock_guard<std::mutex> lock(mutex_);
     adopted_.emplace_back(b, std::move(needs));
+    if (!listed) adopted_.back().second.push_back(never());
   } catch (const std::bad_alloc&) {
     // Cannot hold it: leaking the block is the only safe choice (the graph may use it).
   }

@@ -93,6 +93,10 @@ class CaptureBinding {
   std::vector<Block*> ranges_;
   std::map<std::byte*, Piece> free_;
   std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
+  bool lost_ = false;  // a piece's uses could not be kept: the ranges never go back [mutex_]
+  // A need nothing covers: for a block whose uses could not be listed.
+  static Need never() noexcept { return {&never_timeline_, 0}; }
+  static inline const Timeline never_timeline_{};
 };
 
 }  // namespace streampool::detail

@@ -10,9 +10,14 @@ CaptureGate& CaptureGate::of(PoolCore& core) {
   return static_cast<CaptureGate&>(core.install_gate(std::make_unique<CaptureGate>(core)));
 }
 
-bool CaptureGate::bind_stream(cudaStream_t stream, CaptureBinding* binding) {
+const void* CaptureGate::key_of(cudaStream_t stream, const StreamState* state) noexcept {
+  return stream == cudaStreamPerThread ? static_cast<const void*>(state)
+                                       : static_cast<const void*>(stream);
+}
+
+bool CaptureGate::bind_stream(const void* key, CaptureBinding* binding) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return by_stream_.emplace(stream, binding).second;
+  return by_stream_.emplace(key, binding).second;
 }
 
 void CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
@@ -20,26 +25,43 @@ void CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
   by_capture_[id] = binding;
 }
 
-void CaptureGate::unbind(cudaStream_t stream, CaptureId id) noexcept {
+void CaptureGate::unbind(const void* key, CaptureId id) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  by_stream_.erase(stream);
+  by_stream_.erase(key);
   if (id != 0) by_capture_.erase(id);
 }
 
-CaptureBinding* CaptureGate::by_stream(cudaStream_t stream) noexcept {
+CaptureBinding* CaptureGate::by_key(const void* key) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = by_stream_.find(stream);
-  return it != by_stream_.end() ? it->second : nullptr;
+  const auto it = by_stream_.find(key);
+  if (it == by_stream_.end()) return nullptr;
+  it->second->ref();  // the capture may end, and the binding go, once the mutex is let go
+  return it->second;
+}
+
+CaptureBinding* CaptureGate::by_id(CaptureId id) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = by_capture_.find(id);
+  if (it == by_capture_.end()) return nullptr;
+  it->second->ref();
+  return it->second;
+}
+
+CaptureBinding* CaptureGate::per_thread_here() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, binding] : by_stream_) {
+    const CaptureBinding::Capture capture = binding->capture();
+    if (capture.active && capture.stream == cudaStreamPerThread && capture.origin->addressable()) {
+      binding->ref();
+      return binding;
+    }
+  }
+  return nullptr;
 }
 
 Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                              std::error_code& error) noexcept {
-  CaptureBinding* binding = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = by_capture_.find(status.id);
-    if (it != by_capture_.end()) binding = it->second;
-  }
+  CaptureBinding* binding = by_id(status.id);
   if (binding == nullptr) {
     // Captured without a pool: any block handed out would be baked into a graph the pool knows
     // nothing of, and a device allocation could invalidate the capture. Refuse, touching nothing.
@@ -50,34 +72,49 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
   // or a stream joined to it that the pool has seen before.
   const CaptureBinding::Capture capture = binding->capture();
   StreamState* s = capture.stream == stream ? capture.origin : core_.registry().by_handle(stream);
+  Block* b = nullptr;
   if (s == nullptr) {
     error = make_error_code(Errc::capture_mismatch);
-    return nullptr;
+  } else {
+    b = binding->allocate(*s, bytes, error);
+    if (b != nullptr) {
+      s->lock.lock();
+      core_.count_allocation(*s, b, bytes);
+      s->lock.unlock();
+    }
   }
-  Block* b = binding->allocate(*s, bytes, error);
-  if (b == nullptr) return nullptr;
-  s->lock.lock();
-  core_.count_allocation(*s, b, bytes);
-  s->lock.unlock();
+  binding->unref();
   return b;
 }
 
-bool CaptureGate::take_drop(Block* block, cudaStream_t stream,
-                            UseSpan uses) noexcept {
+bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noexcept {
   if (block->keeper != nullptr) {
     static_cast<CaptureBinding*>(block->keeper)->drop_piece(block, stream, uses);
     return true;
   }
-  CaptureBinding* binding = by_stream(stream);
-  if (binding == nullptr || !binding->capture().active) return false;
-  binding->adopt(block, uses);
-  return true;
+  // A per-thread stream is known by its state: the drop's first use is the buffer's own stream.
+  const StreamState* state = uses.empty() ? nullptr : uses.front().state;
+  CaptureBinding* binding = by_key(key_of(stream, state));
+  if (binding == nullptr && stream == cudaStreamPerThread && state != nullptr &&
+      state->handle == cudaStreamPerThread && state->addressable() &&
+      !state->current(uses.front().generation)) {
+    // This thread's per-thread stream, released since the buffer was allocated and now captured
+    // under a new state: the same stream, so the same capture.
+    binding = per_thread_here();
+  }
+  if (binding == nullptr) return false;
+  const bool into = binding->capture().active;
+  if (into) binding->adopt(block, uses);
+  binding->unref();
+  return into;
 }
 
 StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {
-  CaptureBinding* binding = by_stream(stream);
+  CaptureBinding* binding =
+      stream == cudaStreamPerThread ? per_thread_here() : by_key(key_of(stream, nullptr));
   if (binding == nullptr) return nullptr;
   const CaptureBinding::Capture capture = binding->capture();
+  binding->unref();
   return capture.active && capture.stream == stream ? capture.origin : nullptr;
 }
 

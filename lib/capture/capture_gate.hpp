@@ -22,10 +22,14 @@ class CaptureGate final : public Gate {
   // The pool's gate, installed on first use.
   static CaptureGate& of(PoolCore& core);
 
-  // Binds `stream` (false: another binding has it) and, once the capture has begun, its id.
-  bool bind_stream(cudaStream_t stream, CaptureBinding* binding);
+  // What a bound stream is known by: its handle, or for cudaStreamPerThread (one handle naming a
+  // different stream in every thread) its state.
+  static const void* key_of(cudaStream_t stream, const StreamState* state) noexcept;
+
+  // Binds the stream (false: another binding has it) and, once the capture has begun, its id.
+  bool bind_stream(const void* key, CaptureBinding* binding);
   void bind_capture(CaptureId id, CaptureBinding* binding);
-  void unbind(cudaStream_t stream, CaptureId id) noexcept;
+  void unbind(const void* key, CaptureId id) noexcept;
 
   Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                   std::error_code& error) noexcept override;
@@ -36,12 +40,16 @@ class CaptureGate final : public Gate {
   void closing() noexcept override;
 
  private:
-  CaptureBinding* by_stream(cudaStream_t stream) noexcept;
+  // The binding for a key or a capture id, with a reference the caller drops (unref), or null.
+  CaptureBinding* by_key(const void* key) noexcept;
+  CaptureBinding* by_id(CaptureId id) noexcept;
+  // This thread's per-thread stream's binding (referenced), or null.
+  CaptureBinding* per_thread_here() noexcept;
 
   PoolCore& core_;
   std::mutex mutex_;
   std::unordered_map<CaptureId, CaptureBinding*> by_capture_;
-  std::unordered_map<cudaStream_t, CaptureBinding*> by_stream_;
+  std::unordered_map<const void*, CaptureBinding*> by_stream_;
 };
 
 // Graph releases queued by CUDA user objects (see capture_pool.cpp), completed for one pool's

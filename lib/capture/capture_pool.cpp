@@ -60,7 +60,8 @@ void unbind(detail::CaptureBinding& binding) noexcept {
   if (!capture.active) return;
   detail::PoolCore& core = binding.core();
   capture.origin->attention.fetch_and(~detail::gated, std::memory_order_release);
-  detail::CaptureGate::of(core).unbind(capture.stream, capture.id);
+  detail::CaptureGate::of(core).unbind(
+      detail::CaptureGate::key_of(capture.stream, capture.origin), capture.id);
   detail::note_capture_end(capture.mode, capture.thread);
   binding.end_capture();
   binding.unref();  // the capture's reference
@@ -193,18 +194,19 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
   if (!binding.claim()) {
     throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
   }
-  if (!gate.bind_stream(stream, &binding)) {
+  const void* key = detail::CaptureGate::key_of(stream, found.state);
+  if (!gate.bind_stream(key, &binding)) {
     binding.unclaim();
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured with a pool");
   }
   const auto undo = [&](CaptureId id) noexcept {
-    gate.unbind(stream, id);
+    gate.unbind(key, id);
     binding.unclaim();
   };
   // What the stream did before the capture is fenced now: blocks the capture adopts wait for it.
   binding.learn();
-  const detail::Need before = core.fence_now(*found.state);
+  const detail::Need before = core.fence_now(*found.state, found.generation);
   // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
   const std::thread::id thread = std::this_thread::get_id();
   detail::note_capture_begin(mode, thread);

@@ -78,6 +78,16 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
     }
     if (status.capturing()) return allocate_gated(bytes, stream, status, error);
     s.lock.lock();  // gated, but no longer: an ordinary allocation
+    if (!s.current(generation)) {
+      // Retired (and perhaps recycled for another stream) while it was unlocked: look again.
+      s.lock.unlock();
+      GateStatus gate;
+      const StreamRegistry::Found again = registry_.find(stream, gate, error);
+      if (again.state == nullptr) {
+        return error ? nullptr : allocate_gated(bytes, stream, gate, error);
+      }
+      return allocate_slow(*again.state, again.generation, bytes, stream, error);
+    }
   }
   // Pinned: the state is not recycled before this allocation counts itself on it.
   ++s.pins;

@@ -91,12 +91,15 @@ void PoolCore::place(Block* b, UseSpan uses) noexcept {
     }
     u.lock.unlock();
   }
-  settle(b, fence_uses(uses));
+  std::vector<Need> needs;
+  if (!fence_uses(uses, needs)) return;  // no room to list them: lost to reuse, never early
+  settle(b, needs);
 }
 
 void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
   b->need = u.need_now();
-  if (!b->large) {
+  const bool large = b->large;  // once u is unlocked, a small block may be another thread's
+  if (!large) {
     b->free = true;
     u.free[b->size_class].push_front(b);
     u.set_free_blocks(u.free_blocks.load(std::memory_order_relaxed) + 1);
@@ -104,7 +107,7 @@ void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
   if (dropped_here(u, b->size) && u.addressable()) record_fence(u);
   const Need need = b->need;
   u.lock.unlock();
-  if (!b->large) return;
+  if (!large) return;
   const std::uint32_t generation = u.generation.load(std::memory_order_relaxed);
   if (const std::size_t tainted = large_.put(b, need); tainted != 0) {
     // Clean neighbours merged into the range now wait for its fence too: they count against the
@@ -118,50 +121,41 @@ void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
   }
 }
 
-Need PoolCore::fence_now(StreamState& s) noexcept {
+Need PoolCore::fence_now(StreamState& s, std::uint32_t generation) noexcept {
   s.lock.lock();
   Need need = s.need_now();
-  if ((s.attention.load(std::memory_order_relaxed) & retired) == 0 && s.addressable()) {
+  if (!s.current(generation)) {
+    need = {&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
+  } else if (s.addressable()) {
     switch (record_fence(s)) {
       case FenceResult::recorded: break;
       case FenceResult::synchronized: need = {}; break;
       case FenceResult::failed: break;  // covered by the stream's next fence, or its retirement
     }
-  } else if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) {
+  } else {
     // Another thread's per-thread stream: only that thread may fence it. Ask.
     s.attention.fetch_or(wants_fence, std::memory_order_relaxed);
-  } else {
-    need = {&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
   }
   s.lock.unlock();
   return need;
 }
 
-std::vector<Need> PoolCore::fence_uses(UseSpan uses) noexcept {
-  std::vector<Need> needs;
+bool PoolCore::fence_uses(UseSpan uses, std::vector<Need>& needs) noexcept {
   const Need lost{&device_timeline_, device_timeline_.recorded.load(std::memory_order_acquire)};
   try {
-    needs.reserve(std::max<std::size_t>(uses.size(), 1));
-    if (uses.empty()) needs.push_back(lost);
-    for (const RecordedStream& use : uses) {
-      StreamState* u = use.state;
-      if (u == nullptr) {
-        needs.push_back(lost);
-        continue;
-      }
-      u->lock.lock();
-      const bool current = u->current(use.generation);
-      u->lock.unlock();
-      // A state retired (or recycled) since the use was recorded no longer names its stream:
-      // no fence can be recorded through its handle, and its last fence may precede the use.
-      const Need need = current ? fence_now(*u) : lost;
-      if (need.timeline != nullptr) needs.push_back(need);
-    }
+    needs.reserve(needs.size() + std::max<std::size_t>(uses.size(), 1));
   } catch (const std::bad_alloc&) {
-    needs.clear();
-    needs.push_back(lost);  // reserve() failed first, so this one has room
+    return false;
   }
-  return needs;
+  // Room for every need is reserved: the push_backs below do not allocate.
+  if (uses.empty()) needs.push_back(lost);
+  for (const RecordedStream& use : uses) {
+    // A state retired (or recycled) since the use was recorded no longer names its stream: no
+    // fence can be recorded through its handle, and its last fence may precede the use.
+    const Need need = use.state != nullptr ? fence_now(*use.state, use.generation) : lost;
+    if (need.timeline != nullptr) needs.push_back(need);
+  }
+  return true;
 }
 
 void PoolCore::settle(Block* b, const std::vector<Need>& needs) noexcept {

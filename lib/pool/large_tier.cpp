@@ -120,6 +120,10 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
   std::lock_guard<std::mutex> growing(growth_mutex_);
   if (Block* range = find(s, rounded, had)) return range;
+  if (!calls_allowed(Restricted::malloc)) {  // a capture may have begun while this thread waited
+    error = forbidden_now();
+    return nullptr;
+  }
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);
   void* ptr = nullptr;
@@ -301,7 +305,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
     Block* range = segment.first;
     const bool whole = range->free && !range->is_slab && range->size == segment.size &&
                        normalize(range);
-    if (!whole || device.free(segment.base) != cudaSuccess) {
+    if (!whole || !calls_allowed(Restricted::free) || device.free(segment.base) != cudaSuccess) {
       ++i;
       continue;
     }

@@ -104,11 +104,13 @@ class PoolCore {
   void return_range(Block* range, std::vector<Need> needs) noexcept;
   // Parks a block that came back, with the needs of its uses.
   void park(Block* block, std::vector<Need> needs) noexcept;
-  // The needs of these uses, each fenced now where it can be (see drop.cpp).
-  std::vector<Need> fence_uses(UseSpan uses) noexcept;
+  // Appends the needs of these uses, each fenced now where it can be (see drop.cpp). False when
+  // there was no memory to list them: the block must then never be reused.
+  bool fence_uses(UseSpan uses, std::vector<Need>& needs) noexcept;
   // Records a fence on `s` now (its call names it) and returns the need it covers; the need of
-  // an unfenced drop when no fence could be made.
-  Need fence_now(StreamState& s) noexcept;
+  // an unfenced drop when no fence could be made; a device-timeline need when `s` no longer is
+  // the state it was at `generation`.
+  Need fence_now(StreamState& s, std::uint32_t generation) noexcept;
   // Counts `b` live on `s` / no longer live (the gate's own allocations and drops).
   void count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept;  // [s.lock]
   void count_drop(Block* b) noexcept;  // [nothing locked]

@@ -212,9 +212,12 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_cod
       s.lock.unlock();
     } else {
       s.lock.unlock();
+      // s retired meanwhile: what guards the blocks is the range's own need (s's last fence may
+      // precede its wait on that need).
+      const Need guard = waited ? found : had;
       for (std::size_t i = 1; i < raw->blocks.size(); ++i) {
         try {
-          pool_.park(&raw->blocks[i], {had});
+          pool_.park(&raw->blocks[i], {guard});
         } catch (const std::bad_alloc&) {
         }
       }

@@ -39,6 +39,16 @@ StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& g
   StreamId id = 0;
   if constexpr (checks == StreamChecks::none) {
     key = reinterpret_cast<std::uintptr_t>(stream);
+    // A stream joined to a capture with a pool has a cached state with no gated bit: while the
+    // gate is engaged anywhere, ask the status first, as the other strategies do.
+    if (gate_engaged()) {
+      gate = gate_status(pool_.device(), stream);
+      if (gate.error != cudaSuccess) {
+        error = device_error(gate.error);
+        return {};
+      }
+      if (gate.capturing()) return {};
+    }
   } else {
     if (!ask_id(stream, gate, id, error)) return {};
     key = id;

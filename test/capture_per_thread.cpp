@@ -1,0 +1,93 @@
+// Captures of the per-thread default stream: cudaStreamPerThread is one handle naming a different
+// stream in every thread, and each thread may capture its own with a pool of its own.
+#include "fake_helpers.hpp"
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/error.hpp>
+
+#include <future>
+#include <thread>
+
+using streampool::CapturedGraph;
+using streampool::CaptureMode;
+using streampool::CapturePool;
+using streampool::FakeDevice;
+using streampool::PooledBuffer;
+using Bytes = PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+void end_capture_anyway(cudaStream_t stream, const std::shared_ptr<CapturePool>& pool) {
+  try {
+    CapturedGraph graph = streampool::end_capture_with_pool(stream, pool);
+  } catch (const streampool::Error&) {
+  }
+}
+}  // namespace
+
+// Found in review: the gate keyed bound streams by handle, and cudaStreamPerThread is one handle
+// naming a different stream in every thread.
+TEST_CASE("two threads may each capture their own per-thread default stream with a pool") {
+  PoolOnFake pool;
+  auto cp1 = std::make_shared<CapturePool>(*pool);
+  auto cp2 = std::make_shared<CapturePool>(*pool);
+  std::promise<void> begun, may_end;
+  std::thread t([&] {
+    streampool::begin_capture_with_pool(cp1, cudaStreamPerThread, CaptureMode::thread_local_);
+    begun.set_value();
+    may_end.get_future().wait();
+    end_capture_anyway(cudaStreamPerThread, cp1);
+  });
+  begun.get_future().wait();
+  bool threw = false;
+  std::string what;
+  try {
+    streampool::begin_capture_with_pool(cp2, cudaStreamPerThread, CaptureMode::thread_local_);
+  } catch (const streampool::Error& e) {
+    threw = true;
+    what = e.what();
+  }
+  may_end.set_value();
+  t.join();
+  if (!threw) end_capture_anyway(cudaStreamPerThread, cp2);
+  INFO(what);
+  CHECK_FALSE(threw);
+}
+
+// Found in review: the same, for drops: a buffer of this thread's per-thread stream was adopted by
+// another thread's capture of its own, with that capture's fence as its only need.
+TEST_CASE("a drop on one thread's per-thread stream is not adopted by another thread's capture "
+          "of its own") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  constexpr std::size_t big = 20 * MiB;  // one whole segment
+  auto x = Bytes::alloc_async(*pool, big, cudaStreamPerThread);
+  fake.launch(cudaStreamPerThread, {{x.data(), x.byte_size(), true}});  // stays pending
+  void* x_ptr = x.data();
+  std::promise<void> begun, dropped;
+  std::thread t([&] {
+    auto cp = std::make_shared<CapturePool>(*pool);
+    streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::thread_local_);
+    fake.launch(cudaStreamPerThread);
+    begun.set_value();
+    dropped.get_future().wait();
+    {
+      auto graph = streampool::end_capture_with_pool(cudaStreamPerThread, cp);
+    }
+    cp.reset();
+    streampool::complete_graph_releases();
+  });
+  begun.get_future().wait();
+  x.reset();  // on this thread's per-thread stream, which nobody captures
+  dropped.set_value();
+  t.join();
+  auto y = Bytes::alloc_async(*pool, big, other);
+  fake.launch(other, {{y.data(), y.byte_size(), true}});
+  INFO(first_hazard(fake));
+  CHECK(static_cast<void*>(y.data()) != x_ptr);
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
