@@ -208,6 +208,8 @@ struct alignas(64) WorkerState {
   std::atomic<std::uint64_t> buffers{0};
   std::vector<std::uint32_t> allocate_ns;
   std::vector<std::uint32_t> drop_ns;
+  std::vector<std::uint32_t> launch_ns;  // the lane's calls of an iteration, record_stream's too
+  std::vector<std::uint32_t> in_flight;  // the lane's checks not yet complete
 };
 
 // The sizes every worker draws from: the hot set is the same for all of them.
@@ -272,9 +274,15 @@ void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workloa
                                 error ? error.message() : "an empty buffer and no error"));
         return;
       }
+      if (timed) started = Clock::now();
       lane.write_tag(buffer.data(), words, tag, spin(random));
       lane.check_tag(buffer.data(), words, tag, on_second);
       if (on_second) buffer.record_stream(lane.second());
+      if (timed) {
+        me.launch_ns.push_back(nanoseconds_since(started));
+        me.in_flight.push_back(static_cast<std::uint32_t>(
+            std::min<std::uint64_t>(lane.checks_in_flight(), std::numeric_limits<std::uint32_t>::max())));
+      }
       started = Clock::now();
       buffer.reset();  // both kernels may still run
       if (timed) me.drop_ns.push_back(nanoseconds_since(started));
@@ -361,8 +369,12 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   };
   std::uint64_t last_buffers = 0;
   double last_seconds = 0;
+  const auto bytes_of = [](std::int64_t bytes) {
+    return human_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, bytes)));
+  };
   const auto sample = [&](double now) {
     const PoolStats stats = pool->stats();
+    const PoolBreakdown parts = pool->breakdown();
     const std::uint64_t buffers = buffers_now();
     StressSample s;
     s.seconds = now;
@@ -371,15 +383,19 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
     s.reserved_bytes = stats.reserved_bytes.current;
     s.device_allocations = stats.device_allocations;
     s.fences = stats.fences_recorded;
+    s.parked_bytes = parts.parked_bytes;
+    s.free_owned_bytes = parts.free_owned_bytes;
+    s.free_clean_bytes = parts.free_clean_bytes;
+    s.slab_bytes = parts.slab_bytes;
     result.samples.push_back(s);
     last_buffers = buffers;
     last_seconds = now;
     log << fmt::format(
                "  [{}] {:7.1f} s {:>10.0f} buffers/s  reserved {:>10}  device allocations "
-               "{:>6}  fences {:>9}\n",
-               result.label, s.seconds, s.buffers_per_second,
-               human_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(0, s.reserved_bytes))),
-               s.device_allocations, s.fences)
+               "{:>6}  fences {:>9}  parked {:>10}  free owned {:>10}  free clean {:>10}\n",
+               result.label, s.seconds, s.buffers_per_second, bytes_of(s.reserved_bytes),
+               s.device_allocations, s.fences, bytes_of(s.parked_bytes),
+               bytes_of(s.free_owned_bytes), bytes_of(s.free_clean_bytes))
         << std::flush;
   };
 
@@ -442,13 +458,17 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   result.true_live_peak = shared.live_peak.load();
   result.true_requested_peak = shared.requested_peak.load();
 
-  std::vector<std::uint32_t> allocate_ns, drop_ns;
+  std::vector<std::uint32_t> allocate_ns, drop_ns, launch_ns, in_flight;
   for (WorkerState& w : workers) {
     allocate_ns.insert(allocate_ns.end(), w.allocate_ns.begin(), w.allocate_ns.end());
     drop_ns.insert(drop_ns.end(), w.drop_ns.begin(), w.drop_ns.end());
+    launch_ns.insert(launch_ns.end(), w.launch_ns.begin(), w.launch_ns.end());
+    in_flight.insert(in_flight.end(), w.in_flight.begin(), w.in_flight.end());
   }
   result.allocate = summarize_latency(std::move(allocate_ns));
   result.drop = summarize_latency(std::move(drop_ns));
+  result.launch = summarize_latency(std::move(launch_ns));
+  result.in_flight = summarize_latency(std::move(in_flight));
   return result;
 }
 
@@ -637,6 +657,11 @@ Table stress_table(const StressResult& r) {
   row("growth (last / first)", fmt::format("{:.3f}", r.growth()));
   row("allocate ns, mean / p99", latency(r.allocate));
   row("drop ns, mean / p99", latency(r.drop));
+  row("launches ns, mean / p99", latency(r.launch));
+  row("buffers in flight per thread, mean / p99",
+      r.in_flight.samples == 0 ? std::string("n/a")
+                               : fmt::format("{:.1f} / {:.0f}", r.in_flight.mean_ns,
+                                             r.in_flight.p99_ns));
   row("cache misses / buffer", fmt::format("{:.3f}", r.buffers ? double(r.stats.cache_misses) /
                                                                       double(r.buffers)
                                                                 : 0.0));
@@ -664,14 +689,17 @@ Table stress_table(const StressResult& r) {
 Table stress_samples_table(const std::vector<StressResult>& results) {
   Table t;
   t.title = "stress: progress samples";
-  t.header = {"config", "seconds", "buffers_per_second", "reserved_bytes", "device_allocations",
-              "fences"};
+  t.header = {"config",  "seconds",          "buffers_per_second", "reserved_bytes",
+              "device_allocations", "fences", "parked_bytes", "free_owned_bytes",
+              "free_clean_bytes", "slab_bytes"};
   for (const StressResult& r : results) {
     for (const StressSample& s : r.samples) {
       t.rows.push_back({r.label, fmt::format("{:.3f}", s.seconds),
                         fmt::format("{:.0f}", s.buffers_per_second),
                         fmt::format("{}", s.reserved_bytes),
-                        fmt::format("{}", s.device_allocations), fmt::format("{}", s.fences)});
+                        fmt::format("{}", s.device_allocations), fmt::format("{}", s.fences),
+                        fmt::format("{}", s.parked_bytes), fmt::format("{}", s.free_owned_bytes),
+                        fmt::format("{}", s.free_clean_bytes), fmt::format("{}", s.slab_bytes)});
     }
   }
   return t;

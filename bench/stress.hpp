@@ -73,6 +73,11 @@ struct StressSample {
   std::int64_t reserved_bytes = 0;
   std::uint64_t device_allocations = 0;
   std::uint64_t fences = 0;
+  // Where the reserved memory was (MemoryPool::breakdown()).
+  std::int64_t parked_bytes = 0;
+  std::int64_t free_owned_bytes = 0;
+  std::int64_t free_clean_bytes = 0;
+  std::int64_t slab_bytes = 0;
 };
 
 struct StressResult {
@@ -89,6 +94,8 @@ struct StressResult {
   std::int64_t last_window_peak = 0;   // and in the last
   Latency allocate;                    // PooledBuffer::try_alloc_async
   Latency drop;                        // PooledBuffer::reset
+  Latency launch;                      // the lane's calls of an iteration (and record_stream)
+  Latency in_flight;                   // the lane's checks not complete (a count, not ns)
   std::uint64_t corrupted_words = 0;   // on the fake, only three words of each buffer are checked
   std::uint64_t failed_allocations = 0;
   std::uint64_t error_count = 0;         // failed allocations and failed device calls

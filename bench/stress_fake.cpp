@@ -138,12 +138,15 @@ class FakeLane final : public StressLane {
     }
     wait_for_room();
     fake_->launch(stream, {{data, extent_(words * sizeof(unsigned)), false}},
-                  [data, words, tag, mismatches = mismatches_, pending = pending_] {
+                  [data, words, tag, mismatches = mismatches_, pending = pending_,
+                   checks = checks_] {
                     for (std::size_t i : probes(words)) {
                       if (data[i] != tag) mismatches->fetch_add(1, std::memory_order_relaxed);
                     }
+                    checks->fetch_sub(1, std::memory_order_relaxed);
                     pending->fetch_sub(1, std::memory_order_relaxed);
                   });
+    checks_->fetch_add(1, std::memory_order_relaxed);
     launched(on_second ? second_due_ : first_due_);
   }
 
@@ -166,6 +169,10 @@ class FakeLane final : public StressLane {
       for (cudaStream_t s : {drain_, first_, second_}) fake_->complete(s);
     }
     return mismatches_->load();
+  }
+
+  std::uint64_t checks_in_flight() const override {
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(checks_->load(std::memory_order_relaxed), 0));
   }
 
   // The completer's part: completes the streams that are due.
@@ -212,6 +219,9 @@ class FakeLane final : public StressLane {
   std::shared_ptr<std::atomic<std::uint64_t>> mismatches_ =
       std::make_shared<std::atomic<std::uint64_t>>(0);
   std::shared_ptr<std::atomic<int>> pending_ = std::make_shared<std::atomic<int>>(0);  // kernels
+  // Check kernels launched and not completed (may dip below zero for a moment: a check can
+  // complete before its launch is counted).
+  std::shared_ptr<std::atomic<std::int64_t>> checks_ = std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 class FakeStressTarget final : public StressTarget {

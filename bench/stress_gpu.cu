@@ -1,7 +1,8 @@
 // The stress command on GPU 0: the only CUDA code of the command. Each lane has two non-blocking
 // streams, one event (created once, recorded on the first stream and waited on by the second
-// whenever a check runs there) and a device counter of mismatches that the check kernels add to
-// and finish() reads back. Every CUDA call's status is checked, and the last error after every
+// whenever a check runs there), a device counter of mismatches that the check kernels add to
+// and finish() reads back, and a count of completed checks in mapped host memory (how far the
+// thread runs ahead of the GPU, read without a CUDA call). Every CUDA call's status is checked, and the last error after every
 // launch; a failure throws StressError naming the call.
 //
 // nvcc compiles this file: it includes no fmt (fmt 9's headers do not compile under nvcc 13).
@@ -48,8 +49,11 @@ __global__ void spin_then_write_tag(unsigned* data, std::size_t words, std::uint
   }
 }
 
+// Counts the words that differ from `tag`; the first block's first thread, last, adds one to the
+// lane's count of completed checks in host memory (`completed`, mapped).
 __global__ void count_tag_mismatches(const unsigned* data, std::size_t words, std::uint32_t tag,
-                                     unsigned long long* mismatches) {
+                                     unsigned long long* mismatches,
+                                     unsigned long long* completed) {
   unsigned long long local = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
@@ -57,6 +61,7 @@ __global__ void count_tag_mismatches(const unsigned* data, std::size_t words, st
     local += data[i] != tag;
   }
   if (local != 0) atomicAdd(mismatches, local);
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd_system(completed, 1ull);
 }
 
 unsigned blocks_for(std::size_t words) {
@@ -84,6 +89,11 @@ class GpuLane final : public StressLane {
       void* counter = nullptr;
       checked(cudaMalloc(&counter, sizeof(unsigned long long)), "cudaMalloc (mismatch counter)");
       mismatches_ = static_cast<unsigned long long*>(counter);
+      void* completed = nullptr;
+      checked(cudaHostAlloc(&completed, sizeof(unsigned long long), cudaHostAllocMapped),
+              "cudaHostAlloc (completed checks)");
+      completed_ = static_cast<unsigned long long*>(completed);
+      *completed_ = 0;
       // On first_, and waited for: a plain cudaMemset goes to the legacy stream, which
       // non-blocking streams do not wait for.
       checked(cudaMemsetAsync(mismatches_, 0, sizeof(unsigned long long), first_),
@@ -118,8 +128,9 @@ class GpuLane final : public StressLane {
     }
     clear_last_error();
     count_tag_mismatches<<<blocks_for(words), block_threads, 0, stream>>>(data, words, tag,
-                                                                          mismatches_);
+                                                                          mismatches_, completed_);
     checked(cudaGetLastError(), "launch of count_tag_mismatches");
+    ++launched_checks_;
   }
 
   void renew_first() override {
@@ -140,17 +151,26 @@ class GpuLane final : public StressLane {
     return count;
   }
 
+  std::uint64_t checks_in_flight() const override {
+    const std::uint64_t done = *static_cast<volatile unsigned long long*>(completed_);
+    return launched_checks_ > done ? launched_checks_ - done : 0;
+  }
+
  private:
   int ordinal_;
   cudaStream_t first_ = nullptr;
   cudaStream_t second_ = nullptr;
   cudaEvent_t order_ = nullptr;
   unsigned long long* mismatches_ = nullptr;
+  unsigned long long* completed_ = nullptr;  // host memory, mapped: written by the checks
+  std::uint64_t launched_checks_ = 0;
 
   // After finish() has waited for the lane's work (or a failure ended the run): what fails here
   // can only be reported as lost, and the run has already said what went wrong.
   void release() noexcept {
     if (mismatches_ != nullptr) static_cast<void>(cudaFree(mismatches_));
+    if (completed_ != nullptr) static_cast<void>(cudaFreeHost(completed_));
+    completed_ = nullptr;
     if (order_ != nullptr) static_cast<void>(cudaEventDestroy(order_));
     for (cudaStream_t s : {first_, second_}) {
       if (s != nullptr) static_cast<void>(cudaStreamDestroy(s));

@@ -47,6 +47,10 @@ class StressLane {
   virtual void renew_first() = 0;
   // Waits for all of the lane's work and returns the mismatches its checks counted.
   virtual std::uint64_t finish() = 0;
+  // Check kernels launched so far whose work has not completed: how far the lane's thread runs
+  // ahead of its device. Read without a device call (the GPU's kernels count their completions
+  // in host memory), so that asking does not slow the thread it measures.
+  virtual std::uint64_t checks_in_flight() const = 0;
 };
 
 class StressTarget {

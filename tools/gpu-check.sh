@@ -4,7 +4,8 @@
 # (few files: the device tool brings back at most eight).
 #
 #   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all),
-#                                     and, asked for by name: stress churn stress-sanitize
+#                                     and, asked for by name: stress stress-ab churn
+#                                     stress-sanitize (CHURN_SECONDS: the churn stage's length)
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -47,7 +48,7 @@ stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 # The stress stages need the bench alone.
 targets=()
 only_stress=1
-for s in "${stages[@]}"; do [[ " stress churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
+for s in "${stages[@]}"; do [[ " stress stress-ab churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
 ((only_stress)) && targets=(--target streampool-bench)
 stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
 
@@ -76,8 +77,15 @@ if want stress; then
   stage stress "$stress_bench" stress --seconds 60 --config "" --config fence_every_free=true \
     --out "$out/stress"
 fi
+# The two policies in the order A B B A, 20 s each, and cross_stream_wait: what one machine does
+# over a few minutes (its clocks, the driver's first allocations) then weighs on both alike.
+if want stress-ab; then
+  stage stress-ab "$stress_bench" stress --seconds 20 --config "" --config fence_every_free=true \
+    --config fence_every_free=true --config "" --config cross_stream_wait=true --out "$out/stress-ab"
+fi
 if want churn; then
-  stage churn "$stress_bench" stress --seconds 300 --churn 64 --max-growth 1.5 --out "$out/churn"
+  stage churn "$stress_bench" stress --seconds "${CHURN_SECONDS:-300}" --churn 64 --max-growth 1.5 \
+    --out "$out/churn"
 fi
 if want stress-sanitize; then
   for tool in memcheck racecheck; do

@@ -13,3 +13,11 @@ struct fmt::formatter<streampool::PoolStats> : fmt::formatter<std::string> {
     return fmt::formatter<std::string>::format(streampool::to_string(stats), ctx);
   }
 };
+
+template <>
+struct fmt::formatter<streampool::PoolBreakdown> : fmt::formatter<std::string> {
+  template <class Context>
+  auto format(const streampool::PoolBreakdown& breakdown, Context& ctx) const {
+    return fmt::formatter<std::string>::format(streampool::to_string(breakdown), ctx);
+  }
+};

@@ -72,6 +72,8 @@ class MemoryPool {
   void trim(std::size_t bytes_to_keep = 0);
 
   PoolStats stats() const;
+  // Where the reserved memory is now (see PoolBreakdown): takes every lock of the pool in turn.
+  PoolBreakdown breakdown() const;
   const PoolOptions& options() const noexcept;
   Device& device() const noexcept;
 

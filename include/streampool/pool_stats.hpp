@@ -28,8 +28,30 @@ struct PoolStats {
   std::uint64_t oom_retries = 0;         // allocations retried after reclaiming
 };
 
+// Where the reserved memory is at one moment (MemoryPool::breakdown()): a walk under the pool's
+// locks, for diagnostics, not for a hot loop. Taken while other threads allocate and drop, its
+// parts are each exact at their own moment but need not add up to one moment's whole.
+//
+// Every reserved byte is in a segment (a device allocation). A segment is cut into ranges: slabs
+// of the small tier, free ranges, and ranges in use (live large buffers, large blocks parked,
+// and ranges a CapturePool holds).
+struct PoolBreakdown {
+  std::int64_t segments = 0;
+  std::int64_t segment_bytes = 0;
+  std::int64_t slab_bytes = 0;             // small-tier slabs, whatever their blocks do
+  std::int64_t small_cached_bytes = 0;     // free small blocks on their streams' lists
+  std::int64_t small_depot_bytes = 0;      // free small blocks no stream owns
+  std::int64_t free_ranges = 0;            // free ranges of the large tier
+  std::int64_t free_clean_bytes = 0;       // usable by any stream now
+  std::int64_t free_owned_bytes = 0;       // usable by their stream now, by others after a fence
+  std::int64_t largest_free_range = 0;
+  std::int64_t parked_blocks = 0;          // dropped, waiting for fences of several streams
+  std::int64_t parked_bytes = 0;           // (or for a device synchronize), small and large
+};
+
 // One line naming every field; also what fmt prints (<streampool/format.hpp>).
 std::string to_string(const PoolStats& stats);
+std::string to_string(const PoolBreakdown& breakdown);
 
 }  // namespace streampool
 

@@ -319,6 +319,24 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
   return released;
 }
 
+void LargeTier::describe(PoolBreakdown& out) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& segment : segments_) {
+    ++out.segments;
+    out.segment_bytes += static_cast<std::int64_t>(segment->size);
+    for (Block* r = segment->first; r != nullptr; r = r->after) {
+      const auto bytes = static_cast<std::int64_t>(r->size);
+      if (r->is_slab) {
+        out.slab_bytes += bytes;
+      } else if (r->free) {
+        ++out.free_ranges;
+        (normalize(r) ? out.free_clean_bytes : out.free_owned_bytes) += bytes;
+        out.largest_free_range = std::max(out.largest_free_range, bytes);
+      }
+    }
+  }
+}
+
 bool LargeTier::consistent() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   std::size_t indexed = 0;

@@ -13,6 +13,7 @@
 #include "block.hpp"
 
 #include <streampool/pool_options.hpp>
+#include <streampool/pool_stats.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -71,6 +72,8 @@ class LargeTier {
 
   // Every segment, for the pool's destruction. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
+  // Adds the arena's part of a breakdown: segments, slabs, free ranges.
+  void describe(PoolBreakdown& out) noexcept;
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
   bool consistent() noexcept;
 

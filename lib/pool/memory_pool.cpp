@@ -57,6 +57,8 @@ void MemoryPool::trim(std::size_t bytes_to_keep) { core_->trim(bytes_to_keep); }
 
 PoolStats MemoryPool::stats() const { return core_->stats(); }
 
+PoolBreakdown MemoryPool::breakdown() const { return core_->breakdown(); }
+
 const PoolOptions& MemoryPool::options() const noexcept { return core_->options(); }
 
 Device& MemoryPool::device() const noexcept { return core_->device(); }

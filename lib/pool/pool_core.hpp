@@ -84,6 +84,7 @@ class PoolCore {
   void trim(std::size_t bytes_to_keep);
   // stats.cpp
   PoolStats stats() const;
+  PoolBreakdown breakdown();
   std::string out_of_memory_message(std::size_t bytes, cudaStream_t stream);
   // pool_core.cpp: the MemoryPool object is gone; destroy now, or when the last buffer or
   // keeper (keep()) goes.

@@ -268,6 +268,15 @@ std::size_t SmallTier::depot_blocks() noexcept {
   return n;
 }
 
+std::size_t SmallTier::depot_bytes() noexcept {
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  std::size_t n = 0;
+  for (const BlockList& list : depot_) {
+    if (!list.empty()) n += list.count * list.head->size;
+  }
+  return n;
+}
+
 bool SmallTier::consistent() noexcept {
   std::lock_guard<std::mutex> lock(depot_mutex_);
   for (std::size_t c = 0; c < depot_.size(); ++c) {

@@ -47,6 +47,7 @@ class SmallTier {
   void return_free_slabs() noexcept;
 
   std::size_t depot_blocks() noexcept;
+  std::size_t depot_bytes() noexcept;
   bool consistent() noexcept;  // STREAMPOOL_EXPENSIVE_ASSERT
 
  private:

@@ -98,6 +98,27 @@ PoolStats PoolCore::stats() const {
   return s;
 }
 
+PoolBreakdown PoolCore::breakdown() {
+  PoolBreakdown b;
+  large_.describe(b);
+  b.small_depot_bytes = static_cast<std::int64_t>(small_.depot_bytes());
+  for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
+    if (state->free_blocks.load(std::memory_order_relaxed) == 0) continue;
+    state->lock.lock();
+    for (unsigned c = 0; c < classes_.count(); ++c) {
+      const BlockList& list = state->free[c];
+      if (!list.empty()) b.small_cached_bytes += static_cast<std::int64_t>(list.count * list.head->size);
+    }
+    state->lock.unlock();
+  }
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  for (const Parked& p : parked_) {
+    ++b.parked_blocks;
+    b.parked_bytes += static_cast<std::int64_t>(p.block->size);
+  }
+  return b;
+}
+
 }  // namespace streampool::detail
 
 namespace streampool {
@@ -113,6 +134,15 @@ std::string to_string(const PoolStats& s) {
       counter(s.requested_bytes), counter(s.reserved_bytes), counter(s.live_allocations),
       s.cache_hits, s.cache_misses, s.device_allocations, s.device_frees, s.fences_recorded,
       s.cross_stream_reuses, s.blocking_fallbacks, s.oom_retries);
+}
+
+std::string to_string(const PoolBreakdown& b) {
+  return fmt::format(
+      "segments {} ({} bytes); slabs {} bytes (free: {} on streams, {} in the depot); free ranges "
+      "{} ({} bytes clean, {} owned, largest {}); parked {} ({} bytes)",
+      b.segments, b.segment_bytes, b.slab_bytes, b.small_cached_bytes, b.small_depot_bytes,
+      b.free_ranges, b.free_clean_bytes, b.free_owned_bytes, b.largest_free_range, b.parked_blocks,
+      b.parked_bytes);
 }
 
 }  // namespace streampool

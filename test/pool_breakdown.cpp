@@ -1,0 +1,138 @@
+// MemoryPool::breakdown(): where the reserved memory is, part by part, in scenarios whose every
+// byte is known; and the formatter names every field.
+#include "pool_helpers.hpp"
+
+#include <streampool/format.hpp>
+
+#include <fmt/format.h>
+
+using streampool::FakeDevice;
+using streampool::PoolBreakdown;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+
+constexpr std::int64_t KiB = std::int64_t{1} << 10;
+constexpr std::int64_t MiB = std::int64_t{1} << 20;
+
+streampool::PoolOptions breakdown_options() {
+  auto options = test_options();
+  options.segment_bytes = 20 << 20;
+  options.slab_bytes = 1 << 20;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("an empty pool's breakdown is all zeros") {
+  PoolOnFake pool(breakdown_options());
+  const PoolBreakdown b = pool->breakdown();
+  REQUIRE(b.segments == 0);
+  REQUIRE(b.segment_bytes == 0);
+  REQUIRE(b.free_ranges == 0);
+  REQUIRE(b.parked_blocks == 0);
+}
+
+TEST_CASE("a large buffer: its segment, the free rest, then a range owned by its stream") {
+  PoolOnFake pool(breakdown_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto buffer = Bytes::alloc_async(*pool, 4 * MiB, a);
+
+  PoolBreakdown b = pool->breakdown();
+  REQUIRE(b.segments == 1);
+  REQUIRE(b.segment_bytes == 20 * MiB);
+  REQUIRE(b.segment_bytes == pool->stats().reserved_bytes.current);
+  REQUIRE(b.slab_bytes == 0);
+  REQUIRE(b.free_ranges == 1);
+  REQUIRE(b.free_clean_bytes == 16 * MiB);
+  REQUIRE(b.free_owned_bytes == 0);
+  REQUIRE(b.largest_free_range == 16 * MiB);
+  REQUIRE(b.parked_blocks == 0);
+
+  // Dropped while its work is pending: a's own, merged with the clean rest (which now waits too).
+  write_on(fake, a, buffer);
+  buffer.reset();
+  b = pool->breakdown();
+  REQUIRE(b.free_ranges == 1);
+  REQUIRE(b.free_clean_bytes == 0);
+  REQUIRE(b.free_owned_bytes == 20 * MiB);
+  REQUIRE(b.largest_free_range == 20 * MiB);
+
+  // Once the device is synchronized (trim), the range is clean and the segment goes back.
+  pool->trim();
+  b = pool->breakdown();
+  REQUIRE(b.segments == 0);
+  REQUIRE(b.free_ranges == 0);
+}
+
+TEST_CASE("a buffer recorded on a second stream is parked until both streams' fences complete") {
+  PoolOnFake pool(breakdown_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+  write_on(fake, a, buffer);
+  buffer.record_stream(other);
+  fake.launch(other, {{buffer.data(), buffer.byte_size(), false}});
+  buffer.reset();
+
+  PoolBreakdown b = pool->breakdown();
+  REQUIRE(b.parked_blocks == 1);
+  REQUIRE(b.parked_bytes == 3 * MiB);
+  REQUIRE(b.free_clean_bytes == 17 * MiB);
+  REQUIRE(b.free_owned_bytes == 0);
+
+  // Both streams' work completes; the next allocation that misses drains the parked block.
+  fake.complete(a);
+  fake.complete(other);
+  auto larger = Bytes::alloc_async(*pool, 18 * MiB, a);
+  b = pool->breakdown();
+  REQUIRE(b.parked_blocks == 0);
+  REQUIRE(b.parked_bytes == 0);
+  REQUIRE(b.segments == 1);  // the clean 3 MiB merged back: 18 MiB fit without growing
+  REQUIRE(b.free_clean_bytes == 2 * MiB);
+}
+
+TEST_CASE("small blocks: the slab, the free blocks on their stream's list and in the depot") {
+  PoolOnFake pool(breakdown_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto one = Bytes::alloc_async(*pool, 1000, a);
+  const streampool::SizeClasses classes(pool->options().size_classes);
+  const auto block = static_cast<std::int64_t>(classes.block_size(classes.class_of(1000)));
+
+  PoolBreakdown b = pool->breakdown();
+  REQUIRE(b.segments == 1);
+  REQUIRE(b.slab_bytes == 1 * MiB);
+  REQUIRE(b.free_clean_bytes == 19 * MiB);
+  const std::int64_t blocks_in_slab = 1 * MiB / block;
+  REQUIRE(b.small_cached_bytes + b.small_depot_bytes == (blocks_in_slab - 1) * block);
+
+  one.reset();
+  b = pool->breakdown();
+  REQUIRE(b.small_cached_bytes + b.small_depot_bytes == blocks_in_slab * block);
+  REQUIRE(b.small_cached_bytes >= block);  // the dropped one is on a's list
+  REQUIRE(b.parked_blocks == 0);
+}
+
+TEST_CASE("the formatted breakdown names every field with its value") {
+  PoolBreakdown b;
+  b.segments = 1;
+  b.segment_bytes = 2;
+  b.slab_bytes = 3;
+  b.small_cached_bytes = 4;
+  b.small_depot_bytes = 5;
+  b.free_ranges = 6;
+  b.free_clean_bytes = 7;
+  b.free_owned_bytes = 8;
+  b.largest_free_range = 9;
+  b.parked_blocks = 10;
+  b.parked_bytes = 11;
+  const std::string text = fmt::format("{}", b);
+  CAPTURE(text);
+  REQUIRE(text ==
+          "segments 1 (2 bytes); slabs 3 bytes (free: 4 on streams, 5 in the depot); free ranges 6 "
+          "(7 bytes clean, 8 owned, largest 9); parked 10 (11 bytes)");
+  REQUIRE(text == streampool::to_string(b));
+}
