@@ -8,7 +8,7 @@
 
 namespace streampool::detail {
 namespace {
-constexpr int best_fit_scan = 64;  // candidates examined before growing
+constexpr int waitable_scan = 64;  // cross_stream_wait: other streams' ranges examined
 }
 
 LargeTier::LargeTier(PoolCore& pool, const PoolOptions& options) noexcept
@@ -55,54 +55,86 @@ void LargeTier::delete_block(Block* b) noexcept {
 bool LargeTier::normalize(Block* range) noexcept {
   if (range->need.timeline == nullptr) return true;
   if (!covered(range->need)) return false;
+  const bool indexed = range->free && !range->is_slab;
+  if (indexed) owned_.erase(range);
   range->need = {};
+  if (indexed) index(range);
   return true;
 }
 
 void LargeTier::index(Block* range) noexcept {
   range->free = true;
   try {
-    free_.insert(range);
+    if (range->need.timeline == nullptr) clean_.insert(range);
+    else owned_.insert(range);
   } catch (const std::bad_alloc&) {
     // Unindexed, the range is lost to reuse until its segment is freed; nothing breaks.
   }
 }
 
-void LargeTier::unindex(Block* range) noexcept { free_.erase(range); }
+void LargeTier::unindex(Block* range) noexcept {
+  if (range->need.timeline == nullptr) clean_.erase(range);
+  else owned_.erase(range);
+}
 
 Block* LargeTier::best_fit(StreamState* s, std::size_t bytes) noexcept {
   Block probe;
   probe.size = bytes;
-  // Best fit among the ranges s may use now, preferring its own (they need no fence for anyone,
-  // and clean ranges stay free for every stream).
-  int scanned = 0;
-  Block* clean = nullptr;
-  Block* waitable = nullptr;
-  for (auto it = free_.lower_bound(&probe); it != free_.end() && scanned < best_fit_scan;
-       ++it, ++scanned) {
+  Block* own = nullptr;
+  if (s != nullptr) {
+    probe.need.timeline = &s->timeline;
+    const auto it = owned_.lower_bound(&probe);
+    if (it != owned_.end() && (*it)->need.timeline == &s->timeline) own = *it;
+  }
+  const auto it = clean_.lower_bound(&probe);
+  Block* clean = it != clean_.end() ? *it : nullptr;
+  // The tighter fit; on a tie s's own, which needs no fence for anyone and leaves the clean one
+  // to every stream.
+  if (own != nullptr && (clean == nullptr || own->size <= clean->size)) return own;
+  return clean;
+}
+
+void LargeTier::sweep() noexcept {
+  for (auto it = owned_.begin(); it != owned_.end();) {
     Block* range = *it;
-    if (s != nullptr && range->need.timeline == &s->timeline) return range;
-    if (clean == nullptr && normalize(range)) clean = range;
-    if (waitable == nullptr && range->need.timeline != nullptr) waitable = range;
+    if (!covered(range->need)) {
+      ++it;
+      continue;
+    }
+    it = owned_.erase(it);
+    range->need = {};
+    index(range);
   }
-  if (clean != nullptr || waitable == nullptr || s == nullptr || !options_.cross_stream_wait ||
-      !s->addressable()) {
-    return clean;
+}
+
+Block* LargeTier::waitable(StreamState& s, std::size_t bytes) noexcept {
+  // A range of another stream whose fence is recorded but pending is s's once s waits on it.
+  if (!s.addressable()) return nullptr;
+  int scanned = 0;
+  for (auto it = owned_.begin(); it != owned_.end() && scanned < waitable_scan; ++it) {
+    Block* range = *it;
+    if (range->size < bytes || range->need.timeline == &s.timeline) continue;
+    ++scanned;
+    StreamState* owner = range->need.timeline->stream;
+    if (owner == nullptr) continue;  // waits for a device synchronize: nothing to wait on
+    owner->lock.lock();
+    const Fence* fence = pool_.fence_at(*owner, range->need.index);
+    const bool waited = fence != nullptr &&
+                        pool_.device().stream_wait_event(s.handle, fence->event) == cudaSuccess;
+    owner->lock.unlock();
+    if (waited) return range;
   }
-  // cross_stream_wait: a range whose fence is recorded but pending is s's once s waits on it.
-  StreamState* owner = waitable->need.timeline->stream;
-  if (owner == nullptr) return nullptr;  // waits for a device synchronize: nothing to wait on
-  owner->lock.lock();
-  const Fence* fence = pool_.fence_at(*owner, waitable->need.index);
-  const bool waited = fence != nullptr &&
-                      pool_.device().stream_wait_event(s->handle, fence->event) == cudaSuccess;
-  owner->lock.unlock();
-  return waited ? waitable : nullptr;
+  return nullptr;
 }
 
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   Block* range = best_fit(s, rounded);
+  if (range == nullptr) {
+    sweep();  // other streams' ranges may be covered by now
+    range = best_fit(s, rounded);
+  }
+  if (range == nullptr && s != nullptr && options_.cross_stream_wait) range = waitable(*s, rounded);
   if (range == nullptr) return nullptr;
   if (had != nullptr) *had = range->need;
   unindex(range);
@@ -188,17 +220,17 @@ Block* LargeTier::cut(Block* range, std::size_t bytes) noexcept {
 
 std::size_t LargeTier::put(Block* range, Need need) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  STREAMPOOL_ASSERT(!range->free || range->is_slab);  // not indexed
   std::size_t tainted = 0;
   range->need = need;
-  // Merge with free neighbours. A clean range merges with any free neighbour, taking its need
-  // (safe where the neighbour was, as the neighbour was); two ranges of one stream merge with the
-  // later need; ranges of different streams stay apart until one of them is covered.
+  // Merge with free neighbours of the same kind: clean with clean, two ranges of one stream with
+  // the later need. A clean range stays apart from an owned one (it would wait for the owner's
+  // fence), and ranges of different streams stay apart, until the owned ones are covered.
   normalize(range);
   const auto mergeable = [&](Block* neighbour) {
     if (neighbour == nullptr || !neighbour->free || neighbour->is_slab) return false;
     normalize(neighbour);
-    return neighbour->need.timeline == nullptr || range->need.timeline == nullptr ||
-           neighbour->need.timeline == range->need.timeline;
+    return neighbour->need.timeline == range->need.timeline;
   };
   // `keep` absorbs its right neighbour `gone`.
   // The merged range takes the later need: the part that had an earlier one (or none) now waits
@@ -246,8 +278,8 @@ void LargeTier::ask_owners(StreamState& s) noexcept {
   std::vector<std::pair<StreamState*, bool>> owners;
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (Block* range : free_) {
-      if (range->need.timeline == nullptr || normalize(range)) continue;
+    for (Block* range : owned_) {
+      if (covered(range->need)) continue;
       StreamState* owner = range->need.timeline->stream;
       if (owner == nullptr || owner == &s) continue;
       const bool unfenced =
@@ -330,7 +362,7 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
         out.slab_bytes += bytes;
       } else if (r->free) {
         ++out.free_ranges;
-        (normalize(r) ? out.free_clean_bytes : out.free_owned_bytes) += bytes;
+        (covered(r->need) ? out.free_clean_bytes : out.free_owned_bytes) += bytes;
         out.largest_free_range = std::max(out.largest_free_range, bytes);
       }
     }
@@ -347,7 +379,12 @@ bool LargeTier::consistent() noexcept {
       if (r->ptr != at || r->before != previous || r->segment != segment.get() || !r->large) {
         return false;
       }
-      const bool in_index = free_.count(const_cast<Block*>(r)) != 0;
+      Block* const range = const_cast<Block*>(r);
+      const bool in_clean = clean_.count(range) != 0;
+      const bool in_owned = owned_.count(range) != 0;
+      if (in_clean && in_owned) return false;
+      if (in_clean != (r->need.timeline == nullptr) && (in_clean || in_owned)) return false;
+      const bool in_index = in_clean || in_owned;
       if (r->free && !r->is_slab && !in_index) return false;
       if ((!r->free || r->is_slab) && in_index) return false;
       indexed += in_index ? 1 : 0;
@@ -356,7 +393,7 @@ bool LargeTier::consistent() noexcept {
     }
     if (at != segment->base + segment->size) return false;
   }
-  return indexed == free_.size();
+  return indexed == clean_.size() + owned_.size();
 }
 
 }  // namespace streampool::detail

@@ -3,11 +3,18 @@
 // neighbours. Slabs of the small tier and the ranges the gate's layer holds are ranges too.
 //
 // A free range is owned by a stream (its need is on that stream's timeline: usable there at
-// once, elsewhere once covered) or clean. Two free neighbours merge when one is clean or both are
-// owned by the same stream; the merged range keeps the later need.
+// once, elsewhere once covered) or clean. Two free neighbours merge when both are clean or both
+// are owned by the same stream (the merged range keeps the later need); a clean range never
+// merges into an owned one, which would make it wait for a fence it has nothing to do with.
+//
+// Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tighter of
+// its stream's best own fit and the best clean fit, each one lookup; owned ranges whose fences
+// completed move to the clean index when they are next looked at, or when a request finds
+// nothing (a sweep of the owned index, before growing).
 //
 // Invariants, under the arena mutex: a segment's ranges tile it exactly, in address order; every
-// free range that is not a slab is in the index exactly once, and no range in use is.
+// free range that is not a slab is in exactly one index, the clean one iff it has no need, and
+// no range in use is in either.
 #pragma once
 
 #include "block.hpp"
@@ -16,6 +23,7 @@
 #include <streampool/pool_stats.hpp>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -83,12 +91,23 @@ class LargeTier {
       return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
     }
   };
+  struct ByOwner {
+    bool operator()(const Block* a, const Block* b) const noexcept {
+      if (a->need.timeline != b->need.timeline) {
+        return std::less<const Timeline*>()(a->need.timeline, b->need.timeline);
+      }
+      return BySize()(a, b);
+    }
+  };
   // All [mutex_].
   Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
+  Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
+  void sweep() noexcept;  // covered owned ranges to the clean index
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
   void index(Block* range) noexcept;
   void unindex(Block* range) noexcept;
-  bool normalize(Block* range) noexcept;  // a covered need becomes clean; true when clean
+  // An indexed range whose need is covered moves to the clean index; true when clean.
+  bool normalize(Block* range) noexcept;
   Block* new_block();
   void delete_block(Block* b) noexcept;
 
@@ -97,7 +116,8 @@ class LargeTier {
   std::mutex growth_mutex_;  // one device allocation at a time; taken before mutex_
   std::mutex mutex_;
   std::vector<std::unique_ptr<Segment>> segments_;
-  std::set<Block*, BySize> free_;
+  std::set<Block*, BySize> clean_;
+  std::set<Block*, ByOwner> owned_;
   std::vector<Block*> spare_;
 };
 

@@ -1,0 +1,68 @@
+// The large tier's arena: which free range a request gets, and when it grows instead.
+#include "pool_helpers.hpp"
+
+#include <vector>
+
+using streampool::FakeDevice;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+}  // namespace
+
+TEST_CASE("a clean range is found however many other streams' pending ranges are as large") {
+  // Seventy streams each drop a range of 384 KiB while their work is pending: free, but theirs
+  // until their fences complete. The rest of the second segment is clean. A new stream asking
+  // for 384 KiB must get the clean rest, not a new segment, though seventy ranges of the same
+  // size (and so, in size order, before the clean one) are not usable by it.
+  auto options = test_options();
+  options.segment_bytes = 20 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  std::vector<cudaStream_t> others;
+  for (int i = 0; i < 70; ++i) {
+    cudaStream_t s = fake.create_stream();
+    others.push_back(s);
+    auto buffer = Bytes::alloc_async(*pool, 384 * KiB, s);
+    write_on(fake, s, buffer);
+  }
+  REQUIRE(pool->stats().device_allocations == 2);
+  const auto parts = pool->breakdown();
+  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(70 * 384 * KiB));
+  REQUIRE(parts.free_clean_bytes >= static_cast<std::int64_t>(13 * MiB));
+
+  cudaStream_t mine = fake.create_stream();
+  auto buffer = Bytes::alloc_async(*pool, 384 * KiB, mine);
+  CHECK(pool->stats().device_allocations == 2);
+  write_on(fake, mine, buffer);
+  fake.complete_all();
+  REQUIRE(fake.hazards().empty());
+}
+
+TEST_CASE("a request takes the tightest range it may use: its stream's own or a clean one") {
+  // One segment of 9 MiB: stream a's 8 MiB buffer, dropped while its work is pending (a's own),
+  // and the clean 1 MiB after it, which stays apart from it. A 1 MiB request on a takes the clean
+  // range and leaves a's 8 MiB whole.
+  auto options = test_options();
+  options.segment_bytes = 9 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto big = Bytes::alloc_async(*pool, 8 * MiB, a);
+  std::byte* const base = big.data();
+  write_on(fake, a, big);
+  big.reset();
+  auto parts = pool->breakdown();
+  REQUIRE(parts.free_ranges == 2);
+  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(8 * MiB));
+  REQUIRE(parts.free_clean_bytes == static_cast<std::int64_t>(1 * MiB));
+
+  auto one = Bytes::alloc_async(*pool, 1 * MiB, a);
+  CHECK(one.data() == base + 8 * MiB);
+  parts = pool->breakdown();
+  CHECK(parts.largest_free_range == static_cast<std::int64_t>(8 * MiB));
+  CHECK(pool->stats().device_allocations == 1);
+}
