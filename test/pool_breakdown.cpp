@@ -136,3 +136,35 @@ TEST_CASE("the formatted breakdown names every field with its value") {
           "(7 bytes clean, 8 owned, largest 9); parked 10 (11 bytes)");
   REQUIRE(text == streampool::to_string(b));
 }
+
+TEST_CASE("blocks parked behind fences that completed go back at the next park, not at a miss") {
+  // A copy-stream pattern that the GPU keeps up with: each buffer is written on a, read on o
+  // (record_stream) and dropped, and both streams complete before the next. Each drop parks its
+  // buffer; the older ones, whose fences are known to have completed, go back as later ones
+  // park. Without that they stay parked until an allocation misses: a segment's worth.
+  auto options = breakdown_options();
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  cudaEvent_t written = nullptr;
+  REQUIRE(fake.event_create(&written) == cudaSuccess);
+  std::int64_t most_parked = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto buffer = Bytes::alloc_async(*pool, 1 * MiB, a);
+    write_on(fake, a, buffer);
+    REQUIRE(fake.event_record(written, a) == cudaSuccess);
+    REQUIRE(fake.stream_wait_event(o, written) == cudaSuccess);
+    buffer.record_stream(o);
+    fake.launch(o, {{buffer.data(), buffer.byte_size(), false}});
+    buffer.reset();
+    fake.complete(a);
+    fake.complete(o);
+    most_parked = std::max(most_parked, pool->breakdown().parked_blocks);
+  }
+  CAPTURE(most_parked);
+  CHECK(most_parked <= 10);
+  CHECK(pool->stats().device_allocations == 1);
+  REQUIRE(fake.hazards().empty());
+  fake.event_destroy(written);
+}

@@ -178,6 +178,44 @@ void PoolCore::settle(Block* b, const std::vector<Need>& needs) noexcept {
     if (need.timeline == &device_timeline_) note_stranded(b->size);
   }
   park(b, std::move(pending));
+  drain_parked_front();
+}
+
+void PoolCore::drain_parked_front() noexcept {
+  // Blocks park in the order they were dropped, and fences complete in about that order: the
+  // oldest are the likeliest to be covered. Take those the fences known to have completed
+  // cover (no device call), and send one that is not yet to the back, so that a block waiting
+  // on a stream that stopped (and whose fences nobody learns of) does not hold the others up.
+  constexpr int at_most = 8;
+  Block* clean[at_most];
+  int n = 0;
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    bool rotated = false;
+    while (n < at_most && !parked_.empty()) {
+      Parked& p = parked_.front();
+      std::erase_if(p.needs, [](const Need& need) { return covered(need); });
+      if (p.needs.empty()) {
+        clean[n++] = p.block;
+        parked_.pop_front();
+        continue;
+      }
+      if (rotated || parked_.size() == 1) break;
+      rotated = true;
+      try {
+        parked_.push_back(std::move(p));
+      } catch (const std::bad_alloc&) {
+        break;  // still at the front, its needs intact
+      }
+      parked_.pop_front();
+    }
+  }
+  if (n == 0) return;
+  try {
+    make_clean(std::vector<Block*>(clean, clean + n));
+  } catch (const std::bad_alloc&) {
+    // lost to reuse rather than risk handing them out early
+  }
 }
 
 void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {

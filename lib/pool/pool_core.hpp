@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -166,8 +167,10 @@ class PoolCore {
   // Is the need covered, learning (querying its stream's fences) if it is not yet known? Takes
   // the stream's lock: call with no stream locked.
   bool learn_covered(const Need& need) noexcept;
-  // Parked blocks whose needs are all covered go back clean.
+  // Parked blocks whose needs are all covered go back clean (their streams' fences are asked).
   void drain_parked() noexcept;
+  // The same for the oldest few, by the fences already known to have completed: after a park.
+  void drain_parked_front() noexcept;
   // Blocks (small or large) that no pending work uses go back to their tier.
   void make_clean(const std::vector<Block*>& blocks) noexcept;
   // A block off every list with pending needs: clean, parked, or (one need) where it belongs.
@@ -268,7 +271,7 @@ class PoolCore {
   LargeTier large_;
 
   std::mutex parked_mutex_;
-  std::vector<Parked> parked_;
+  std::deque<Parked> parked_;  // in the order the blocks parked
 
   // The raw-pointer API: pointer -> block, sharded to keep threads apart.
   static constexpr unsigned raw_shards = 64;

@@ -57,21 +57,25 @@ void PoolCore::drain_parked() noexcept {
   std::vector<Block*> clean;
   {
     std::lock_guard<std::mutex> lock(parked_mutex_);
-    for (std::size_t i = 0; i < parked_.size();) {
+    // In place, keeping the order the blocks parked in (drain_parked_front relies on it).
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < parked_.size(); ++i) {
       Parked& p = parked_[i];
       std::erase_if(p.needs, [](const Need& need) { return covered(need); });
-      if (!p.needs.empty()) {
-        ++i;
-        continue;
+      bool taken = false;
+      if (p.needs.empty()) {
+        try {
+          clean.push_back(p.block);
+          taken = true;
+        } catch (const std::bad_alloc&) {
+        }
       }
-      try {
-        clean.push_back(p.block);
-      } catch (const std::bad_alloc&) {
-        break;
+      if (!taken) {
+        if (kept != i) parked_[kept] = std::move(p);
+        ++kept;
       }
-      parked_[i] = std::move(parked_.back());
-      parked_.pop_back();
     }
+    parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(kept), parked_.end());
   }
   make_clean(clean);
 }
