@@ -1,9 +1,10 @@
 // The stress command on GPU 0: the only CUDA code of the command. Each lane has two non-blocking
 // streams, one event (created once, recorded on the first stream and waited on by the second
-// whenever a check runs there), a device counter of mismatches that the check kernels add to
-// and finish() reads back, and a count of completed checks in mapped host memory (how far the
-// thread runs ahead of the GPU, read without a CUDA call). Every CUDA call's status is checked, and the last error after every
-// launch; a failure throws StressError naming the call.
+// whenever a check runs there), device counters that the check kernels add to (mismatches, which
+// finish() reads back, and completed checks), and a copy of the completed count in mapped host
+// memory (how far the thread runs ahead of the GPU, read without a CUDA call). Every CUDA call's
+// status is checked, and the last error after every launch; a failure throws StressError naming
+// the call.
 //
 // nvcc compiles this file: it includes no fmt (fmt 9's headers do not compile under nvcc 13).
 #include "stress_target.hpp"
@@ -49,11 +50,15 @@ __global__ void spin_then_write_tag(unsigned* data, std::size_t words, std::uint
   }
 }
 
-// Counts the words that differ from `tag`; the first block's first thread, last, adds one to the
-// lane's count of completed checks in host memory (`completed`, mapped).
+// Counts the words that differ from `tag`; then the first block's first thread counts the check
+// as completed: in device memory (`counters[1]`), and copies the count to mapped host memory
+// (`completed`) with a plain store, which the CPU reads without a CUDA call (system-scope
+// atomics on host memory are not allowed on every machine). Two checks of the lane finishing
+// together may store their counts out of order: the host's count is then one low until the next.
 __global__ void count_tag_mismatches(const unsigned* data, std::size_t words, std::uint32_t tag,
-                                     unsigned long long* mismatches,
+                                     unsigned long long* counters,
                                      unsigned long long* completed) {
+  unsigned long long* mismatches = counters;
   unsigned long long local = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
@@ -61,7 +66,10 @@ __global__ void count_tag_mismatches(const unsigned* data, std::size_t words, st
     local += data[i] != tag;
   }
   if (local != 0) atomicAdd(mismatches, local);
-  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd_system(completed, 1ull);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const unsigned long long done = atomicAdd(counters + 1, 1ull) + 1;
+    *static_cast<volatile unsigned long long*>(completed) = done;
+  }
 }
 
 unsigned blocks_for(std::size_t words) {
@@ -87,7 +95,7 @@ class GpuLane final : public StressLane {
       checked(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming),
               "cudaEventCreateWithFlags");
       void* counter = nullptr;
-      checked(cudaMalloc(&counter, sizeof(unsigned long long)), "cudaMalloc (mismatch counter)");
+      checked(cudaMalloc(&counter, 2 * sizeof(unsigned long long)), "cudaMalloc (counters)");
       mismatches_ = static_cast<unsigned long long*>(counter);
       void* completed = nullptr;
       checked(cudaHostAlloc(&completed, sizeof(unsigned long long), cudaHostAllocMapped),
@@ -96,7 +104,7 @@ class GpuLane final : public StressLane {
       *completed_ = 0;
       // On first_, and waited for: a plain cudaMemset goes to the legacy stream, which
       // non-blocking streams do not wait for.
-      checked(cudaMemsetAsync(mismatches_, 0, sizeof(unsigned long long), first_),
+      checked(cudaMemsetAsync(mismatches_, 0, 2 * sizeof(unsigned long long), first_),
               "cudaMemsetAsync");
       checked(cudaStreamSynchronize(first_), "cudaStreamSynchronize");
     } catch (...) {
@@ -161,7 +169,7 @@ class GpuLane final : public StressLane {
   cudaStream_t first_ = nullptr;
   cudaStream_t second_ = nullptr;
   cudaEvent_t order_ = nullptr;
-  unsigned long long* mismatches_ = nullptr;
+  unsigned long long* mismatches_ = nullptr;  // device: [0] mismatches, [1] completed checks
   unsigned long long* completed_ = nullptr;  // host memory, mapped: written by the checks
   std::uint64_t launched_checks_ = 0;
 
