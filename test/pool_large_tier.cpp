@@ -30,7 +30,8 @@ TEST_CASE("a clean range is found however many other streams' pending ranges are
   }
   REQUIRE(pool->stats().device_allocations == 2);
   const auto parts = pool->breakdown();
-  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(70 * 384 * KiB));
+  // (the first segment's last 128 KiB went into the range beside it: no larger than it)
+  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(70 * 384 * KiB + 128 * KiB));
   REQUIRE(parts.free_clean_bytes >= static_cast<std::int64_t>(13 * MiB));
 
   cudaStream_t mine = fake.create_stream();
@@ -41,28 +42,30 @@ TEST_CASE("a clean range is found however many other streams' pending ranges are
   REQUIRE(fake.hazards().empty());
 }
 
-TEST_CASE("a request takes the tightest range it may use: its stream's own or a clean one") {
-  // One segment of 9 MiB: stream a's 8 MiB buffer, dropped while its work is pending (a's own),
-  // and the clean 1 MiB after it, which stays apart from it. A 1 MiB request on a takes the clean
-  // range and leaves a's 8 MiB whole.
+TEST_CASE("a clean range larger than a range dropped beside it stays usable by every stream") {
+  // One segment of 9 MiB: stream a's 1 MiB buffer, dropped while its work is pending (a's own),
+  // and the clean 8 MiB after it. Taken into a's range, the 8 MiB would wait for a's fence; apart,
+  // stream b gets it without the arena growing.
   auto options = test_options();
   options.segment_bytes = 9 * MiB;
   options.large_rounding = 128 * KiB;
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
-  auto big = Bytes::alloc_async(*pool, 8 * MiB, a);
-  std::byte* const base = big.data();
-  write_on(fake, a, big);
-  big.reset();
+  cudaStream_t b = fake.create_stream();
+  auto small = Bytes::alloc_async(*pool, 1 * MiB, a);
+  std::byte* const base = small.data();
+  write_on(fake, a, small);
+  small.reset();
   auto parts = pool->breakdown();
   REQUIRE(parts.free_ranges == 2);
-  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(8 * MiB));
-  REQUIRE(parts.free_clean_bytes == static_cast<std::int64_t>(1 * MiB));
+  REQUIRE(parts.free_owned_bytes == static_cast<std::int64_t>(1 * MiB));
+  REQUIRE(parts.free_clean_bytes == static_cast<std::int64_t>(8 * MiB));
 
-  auto one = Bytes::alloc_async(*pool, 1 * MiB, a);
-  CHECK(one.data() == base + 8 * MiB);
-  parts = pool->breakdown();
-  CHECK(parts.largest_free_range == static_cast<std::int64_t>(8 * MiB));
+  auto big = Bytes::alloc_async(*pool, 8 * MiB, b);
+  CHECK(big.data() == base + 1 * MiB);
   CHECK(pool->stats().device_allocations == 1);
+  write_on(fake, b, big);
+  fake.complete_all();
+  REQUIRE(fake.hazards().empty());
 }

@@ -223,14 +223,21 @@ std::size_t LargeTier::put(Block* range, Need need) noexcept {
   STREAMPOOL_ASSERT(!range->free || range->is_slab);  // not indexed
   std::size_t tainted = 0;
   range->need = need;
-  // Merge with free neighbours of the same kind: clean with clean, two ranges of one stream with
-  // the later need. A clean range stays apart from an owned one (it would wait for the owner's
-  // fence), and ranges of different streams stay apart, until the owned ones are covered.
+  // Merge with free neighbours: clean with clean, two ranges of one stream with the later need,
+  // and a clean range into an owned neighbour at least as large (so that a stream's freed ranges
+  // do not stay cut by the slivers between them; the clean part then waits for the owner's fence,
+  // and is counted as the owner's unfenced bytes). A larger clean range stays apart: taken into
+  // the owner's range it would be unusable to every other stream until that fence completes (the
+  // clean rest of every segment was, under stream churn). Ranges of different streams stay apart
+  // until they are covered.
   normalize(range);
   const auto mergeable = [&](Block* neighbour) {
     if (neighbour == nullptr || !neighbour->free || neighbour->is_slab) return false;
     normalize(neighbour);
-    return neighbour->need.timeline == range->need.timeline;
+    if (neighbour->need.timeline == range->need.timeline) return true;
+    if (neighbour->need.timeline == nullptr) return neighbour->size <= range->size;
+    if (range->need.timeline == nullptr) return range->size <= neighbour->size;
+    return false;
   };
   // `keep` absorbs its right neighbour `gone`.
   // The merged range takes the later need: the part that had an earlier one (or none) now waits

@@ -3,9 +3,9 @@
 // neighbours. Slabs of the small tier and the ranges the gate's layer holds are ranges too.
 //
 // A free range is owned by a stream (its need is on that stream's timeline: usable there at
-// once, elsewhere once covered) or clean. Two free neighbours merge when both are clean or both
-// are owned by the same stream (the merged range keeps the later need); a clean range never
-// merges into an owned one, which would make it wait for a fence it has nothing to do with.
+// once, elsewhere once covered) or clean. Two free neighbours merge when both are clean, when
+// both are owned by the same stream (the merged range keeps the later need), or when a clean one
+// is no larger than its owned neighbour; a larger clean range stays apart, usable by every stream.
 //
 // Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tighter of
 // its stream's best own fit and the best clean fit, each one lookup; owned ranges whose fences
