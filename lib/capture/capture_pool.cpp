@@ -136,15 +136,14 @@ bool CapturePool::is_capture_pool_sealed() const noexcept {
 
 void CapturePool::reserve(std::size_t bytes) {
   if (bytes == 0) return;
-  std::error_code error;
+  detail::Failure error;
   binding_->reserve(bytes, error);
+  if (error == Errc::out_of_memory) {
+    throw detail::error_of(
+        error, "CapturePool::reserve: " + binding_->core().out_of_memory_message(bytes, nullptr));
+  }
   if (error) {
-    const auto code = static_cast<Errc>(error.value());
-    if (code == Errc::out_of_memory) {
-      throw Error(code, "CapturePool::reserve: " +
-                            binding_->core().out_of_memory_message(bytes, nullptr));
-    }
-    throw Error(code, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
+    throw detail::error_of(error, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
   }
 }
 
@@ -184,12 +183,12 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured (with or without a pool)");
   }
-  std::error_code error;
+  detail::Failure error;
   detail::GateStatus gate_status;
   const detail::StreamRegistry::Found found = core.registry().find(stream, gate_status, error);
   if (found.state == nullptr) {
-    throw Error(error ? static_cast<Errc>(error.value()) : Errc::capture_mismatch,
-                "begin_capture_with_pool: the stream's id");
+    throw detail::error_of(error ? error : detail::Failure(Errc::capture_mismatch),
+                           "begin_capture_with_pool: the stream's identity");
   }
   if (!binding.claim()) {
     throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");

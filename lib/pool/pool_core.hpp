@@ -24,6 +24,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "failure.hpp"
 #include "fences.hpp"
 #include "gate.hpp"
 #include "large_tier.hpp"
@@ -45,7 +46,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <unordered_map>
 #include <vector>
 
@@ -70,14 +70,14 @@ class PoolCore {
 
   // --- the public operations -------------------------------------------------------------
   // allocate.cpp
-  Block* allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
+  Block* allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   // drop.cpp: the one drop. `stream` is the stream the drop is ordered on: a PooledBuffer's own,
   // or the one deallocate names.
   void drop(Block* block, cudaStream_t stream) noexcept;
   // Throws Error when the stream cannot be identified.
   void record_stream(Block* block, cudaStream_t stream);
   // raw_api.cpp
-  void* allocate_raw(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
+  void* allocate_raw(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   void deallocate_raw(void* ptr, cudaStream_t stream) noexcept;
   // reclaim.cpp
   void release_stream(cudaStream_t stream);
@@ -99,7 +99,7 @@ class PoolCore {
   Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
   StreamRegistry& registry() noexcept { return registry_; }
   // A clean range of the arena of at least `bytes` (the out-of-memory ladder climbed if needed).
-  Block* take_range(std::size_t bytes, std::error_code& error) noexcept;
+  Block* take_range(std::size_t bytes, Failure& error) noexcept;
   // Back to the arena, free once every need is covered.
   void return_range(Block* range, std::vector<Need> needs) noexcept;
   // Parks a block that came back, with the needs of its uses.
@@ -178,7 +178,7 @@ class PoolCore {
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim
   // ladder one step at a time and tries again after each.
   template <class Attempt>
-  Block* with_reclaim(Attempt&& attempt, std::error_code& error) noexcept {
+  Block* with_reclaim(Attempt&& attempt, Failure& error) noexcept {
     error.clear();
     if (Block* b = attempt()) return b;
     if (error != Errc::out_of_memory) return nullptr;
@@ -226,10 +226,10 @@ class PoolCore {
 
   // allocate.cpp
   Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
-                       cudaStream_t stream, std::error_code& error) noexcept;
-  Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
+                       cudaStream_t stream, Failure& error) noexcept;
+  Block* allocate_large(StreamState& s, std::size_t bytes, Failure& error) noexcept;
   Block* allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                        std::error_code& error) noexcept;
+                        Failure& error) noexcept;
   // drop.cpp
   void drop_slow(Block* b, cudaStream_t stream, UseSpan uses) noexcept;
   Uses uses_of(Block* b) noexcept;
