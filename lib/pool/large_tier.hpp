@@ -69,7 +69,8 @@ class LargeTier {
   // reserved; the bytes returned.
   std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;
 
-  // Every segment, for the pool's destruction. [no other thread]
+  // Every segment, for the pool's destruction, which sets a segment's base to null once the
+  // device has it back. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
   bool consistent() noexcept;

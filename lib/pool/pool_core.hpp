@@ -250,7 +250,12 @@ class PoolCore {
   }
   // pool_core.cpp
   void count_down() noexcept;
+  // Destroys the core once release_device_memory() succeeds; until then it waits in the
+  // graveyard for the next safe point (bury_dead_pools).
   void destroy() noexcept;
+  // Waits for the device and gives back every segment; false when the device refused a free
+  // (the segments it did free are not freed again). [no other thread]
+  bool release_device_memory() noexcept;
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
   const PoolOptions options_;
@@ -303,6 +308,7 @@ class PoolCore {
   StreamCounters ranges_;      // ranges held by layers above [keepers_mutex_]
   bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
+  bool synchronized_at_end_ = false;  // release_device_memory ran its first part [destroy()]
 
   friend class StreamRegistry;
   friend void bury_dead_pools() noexcept;
