@@ -7,9 +7,9 @@
 #include <streampool/error.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <utility>
-#include <mutex>
 #include <vector>
 
 namespace streampool {
