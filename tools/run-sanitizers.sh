@@ -36,6 +36,6 @@ for kind in "${kinds[@]}"; do
   # Every test case CTest knows of the executable (the GPU tests and the header check are other
   # executables, not built here).
   ctest --test-dir "$build" --output-on-failure -E '^(gpu|headers\..*|example\..*)$' \
-    --no-tests=error
+    --no-tests=error --parallel "${CTEST_PARALLEL_LEVEL:-$(nproc)}"
   echo "== $kind: built in $((built - start)) s, tests ran in $((SECONDS - built)) s" >&2
 done
