@@ -92,8 +92,8 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   const cudaError_t status = cudaGetDeviceCount(&n);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    throw Error(Errc::no_device,
-                "CudaDevice(" + std::to_string(ordinal) + "): " + describe_cuda_error(status));
+    throw Error(Errc::no_device, status,
+                "CudaDevice(" + std::to_string(ordinal) + "): cudaGetDeviceCount");
   }
   if (ordinal < 0 || ordinal >= n) {
     throw Error(Errc::no_device, "CudaDevice(" + std::to_string(ordinal) + "): CUDA sees " +

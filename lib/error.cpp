@@ -74,6 +74,12 @@ Error::Error(cudaError_t status, const std::string& what)
                         what + ": " + describe_cuda_error(status)),
       cuda_(status) {}
 
+Error::Error(Errc code, cudaError_t status, const std::string& what)
+    : std::system_error(make_error_code(code), status == cudaSuccess
+                                                   ? what
+                                                   : what + ": " + describe_cuda_error(status)),
+      cuda_(status) {}
+
 void throw_on_cuda_error(cudaError_t status, const std::string& what) {
   if (status != cudaSuccess) throw Error(status, what);
 }

@@ -13,8 +13,13 @@ TEST_CASE("CudaDevice construction fails with a clear error exactly where there 
       FAIL("constructed a CudaDevice with no GPU");
     } catch (const streampool::Error& e) {
       REQUIRE(e.errc() == streampool::Errc::no_device);
-      // CUDA's own name for what went wrong (no driver, or no device) is in the message.
+      // CUDA's own name for what went wrong (no driver, or no device) is in the message, and
+      // its value in cuda_error() when CUDA refused to count the devices.
       REQUIRE_THAT(e.what(), Catch::Contains("cudaError"));
+      int n = 0;
+      const cudaError_t status = cudaGetDeviceCount(&n);
+      cudaGetLastError();
+      if (status != cudaSuccess) REQUIRE(e.cuda_error() == status);
     }
   } else {
     streampool::CudaDevice device(0);

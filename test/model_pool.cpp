@@ -18,8 +18,7 @@
 //   STREAMPOOL_MODEL_REDUCE=0    report the first failure as found, unreduced
 //   STREAMPOOL_MODEL_PROFILE=basic  only allocations, drops, launches, record_stream, completions
 //                                and trims on fixed streams (pool_model::Profile)
-//   STREAMPOOL_MODEL_WITHOUT=a,b never decode these operations or variants (pool_model::op_names;
-//                                by default the faults issue 9 handles, issue9_faults below):
+//   STREAMPOOL_MODEL_WITHOUT=a,b never decode these operations or variants (pool_model::op_names):
 //                                to look past a failure that hides others; for the threads, the
 //                                names of pool_model::ConcurrentOptions::without
 //   STREAMPOOL_MODEL_IN_PROCESS=1  a replay runs in this process (for a debugger), not a child
@@ -63,16 +62,9 @@ std::vector<std::string> without_list() {
 
 // Runs the seeds (or the one input the environment names) and fails on the first failure,
 // printing it, reduced, so that it replays.
-// Faults whose handling is the fault matrix of issue 9 (graph and capture calls failing inside
-// the capture layer's cleanup): left out of the default runs until that issue handles them;
-// STREAMPOOL_MODEL_WITHOUT (even empty) puts them back.
-const std::vector<std::string> issue9_faults{"fault:graph_destroy", "fault:graph_exec_destroy",
-                                             "fault:end_capture"};
-
 void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
   RunOptions options = base;
-  options.without = std::getenv("STREAMPOOL_MODEL_WITHOUT") != nullptr ? without_list()
-                                                                       : issue9_faults;
+  options.without = without_list();
   if (const char* profile = std::getenv("STREAMPOOL_MODEL_PROFILE")) {
     if (std::string(profile) == "basic") options.profile = pool_model::Profile::basic;
   }
@@ -199,10 +191,8 @@ TEST_CASE("the reduced failures found on today's core (test/model/findings.txt) 
     options.max_steps = std::stoi(fields[4]);
     const RunResult result =
         pool_model::run_bytes_isolated(pool_model::from_hex(fields[5]), options);
-    if (result.failure &&
-        (fields[0].rfind("issue9-", 0) == 0 || fields[0].rfind("kept-", 0) == 0)) {
-      // A defect of the fault matrix of issue 9, fixed there, or behaviour kept on purpose (the
-      // file's header says why): reported here, not failed on.
+    if (result.failure && fields[0].rfind("kept-", 0) == 0) {
+      // Behaviour kept on purpose (the file's header says why): reported here, not failed on.
       WARN(fmt::format("{}: {}: {}", fields[0], result.failure->kind, result.failure->what));
     } else if (result.failure) {
       failing += fmt::format("{} ({}): {}: {}\n", fields[0], fields[1], result.failure->kind,

@@ -158,10 +158,14 @@ class CapturedGraph {
 
 // Starts capturing `stream` with `pool` bound to it. Throws Error: invalid_value for a null pool,
 // capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
-// cannot begin.
+// cannot begin; a capture that began but could not be bound is ended again, as
+// end_capture_with_pool ends one that fails.
 void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
                              CaptureMode mode = CaptureMode::global);
-// Ends the capture and instantiates the graph. The stream leaves capture whatever happens.
+// Ends the capture and instantiates the graph. The stream leaves capture whatever CUDA answers
+// the end: a failed end is followed by others (discarding what was captured) until CUDA reports
+// the stream out of capture. Only if CUDA refuses all of them (four) does the stream stay
+// capturing, and then it stays bound to `pool`, as before the call: end it again.
 // Throws Error: capture_mismatch when `stream` is not being captured with `pool`,
 // capture_invalidated when the capture was invalidated, CUDA's error otherwise.
 CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool);

@@ -2,8 +2,9 @@
 //
 // The throwing API throws `streampool::Error` (a `std::system_error`) whose code belongs to
 // `streampool::category()`; the non-throwing variants report the same `std::error_code` through an
-// out-parameter. A CUDA error keeps CUDA's own name and message in the error's text, and its
-// numeric value in `Error::cuda_error()`, so nothing CUDA said is lost on the way up.
+// out-parameter. An error a device call caused names that call and keeps CUDA's own name and
+// message in the error's text, and its numeric value in `Error::cuda_error()`, so nothing CUDA
+// said is lost on the way up.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,9 +43,14 @@ class Error : public std::system_error {
   // `what` is prefixed to CUDA's own name and message, e.g.
   // "cudaMalloc of 1024 bytes: cudaErrorMemoryAllocation: out of memory".
   Error(cudaError_t status, const std::string& what);
+  // The same with the library's own code for what failed (out_of_memory after every reclaim
+  // step, capture_pool_exhausted when a relaxed capture could not grow, ...), which need not be
+  // the code CUDA's error maps to. With cudaSuccess, as Error(code, what).
+  Error(Errc code, cudaError_t status, const std::string& what);
 
   Errc errc() const noexcept { return static_cast<Errc>(code().value()); }
-  // The CUDA error this one came from, or cudaSuccess when it did not come from CUDA.
+  // The CUDA error this one came from (the call named in what()), or cudaSuccess when no device
+  // call caused it.
   cudaError_t cuda_error() const noexcept { return cuda_; }
 
  private:

@@ -32,8 +32,8 @@ Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
 void* block_address(const Block* block) noexcept;
 void release_block(Block* block, cudaStream_t stream) noexcept;
 void record_block_stream(Block* block, cudaStream_t stream);
-[[noreturn]] void throw_allocation_error(MemoryPool& pool, std::error_code error,
-                                         std::size_t bytes, cudaStream_t stream);
+// Throws the Error MemoryPool::allocate would (a failed device call named, CUDA's error kept).
+Block* allocate_block_or_throw(MemoryPool& pool, std::size_t bytes, cudaStream_t stream);
 }  // namespace detail
 
 template <class T>
@@ -48,15 +48,13 @@ class PooledBuffer {
   // `n` elements on `stream`. Throws Error: Errc::invalid_value when n is 0 or n * sizeof(T)
   // overflows; out_of_memory and the others of MemoryPool::allocate when the pool fails.
   static PooledBuffer alloc_async(MemoryPool& pool, std::size_t n, cudaStream_t stream) {
-    std::error_code error;
-    PooledBuffer buffer = try_alloc_async(pool, n, stream, error);
-    if (error == Errc::invalid_value) {
+    if (n == 0 || n > std::numeric_limits<std::size_t>::max() / sizeof(T)) {
       throw Error(Errc::invalid_value, "PooledBuffer::alloc_async of " + std::to_string(n) +
                                            " elements of " + std::to_string(sizeof(T)) +
                                            " bytes: the size must be positive and representable");
     }
-    if (error) detail::throw_allocation_error(pool, error, n * sizeof(T), stream);
-    return buffer;
+    detail::Block* block = detail::allocate_block_or_throw(pool, n * sizeof(T), stream);
+    return PooledBuffer(block, static_cast<T*>(detail::block_address(block)), n, stream);
   }
 
   // The same without exceptions: an empty buffer and `error` set on failure.

@@ -38,7 +38,7 @@ void CaptureBinding::unref() noexcept {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
-void CaptureBinding::reserve(std::size_t bytes, std::error_code& error) noexcept {
+void CaptureBinding::reserve(std::size_t bytes, Failure& error) noexcept {
   error.clear();
   Block* range = core_.take_range(bytes, error);
   if (range == nullptr) return;
@@ -49,7 +49,7 @@ void CaptureBinding::reserve(std::size_t bytes, std::error_code& error) noexcept
   } catch (const std::bad_alloc&) {
     if (!ranges_.empty() && ranges_.back() == range) ranges_.pop_back();
     core_.return_range(range, {});
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
   }
 }
 
@@ -95,9 +95,9 @@ void CaptureBinding::insert_piece(std::byte* ptr, Piece piece) {
   free_.emplace(ptr, std::move(piece));
 }
 
-Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
+Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& error) noexcept {
   if (sealed.load(std::memory_order_acquire)) {
-    error = make_error_code(Errc::capture_pool_sealed);
+    error = Errc::capture_pool_sealed;
     return nullptr;
   }
   const std::size_t size = (bytes + piece_alignment - 1) / piece_alignment * piece_alignment;
@@ -105,7 +105,7 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
   try {
     b = new Block{};
   } catch (const std::bad_alloc&) {
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return nullptr;
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -142,12 +142,17 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, std::error_co
     // Out of private memory: grow only where CUDA allows a device allocation now.
     const bool relaxed = capture().mode == CaptureMode::relaxed;
     if (attempt == 1 || !relaxed || !calls_allowed(Restricted::malloc)) break;
-    std::error_code grow_error;
+    Failure grow_error;
     reserve(std::max(size, growth), grow_error);
-    if (grow_error) break;
+    if (grow_error) {
+      // Exhausted, for the reason the growth gave (a device call's refusal is kept).
+      delete b;
+      error = Failure::with(Errc::capture_pool_exhausted, grow_error.cuda, grow_error.call);
+      return nullptr;
+    }
   }
   delete b;
-  error = make_error_code(Errc::capture_pool_exhausted);
+  error = Errc::capture_pool_exhausted;
   return nullptr;
 }
 

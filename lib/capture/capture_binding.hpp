@@ -37,12 +37,12 @@ class CaptureBinding {
   PoolCore& core() const noexcept { return core_; }
 
   // Takes at least `bytes` more private memory from the core.
-  void reserve(std::size_t bytes, std::error_code& error) noexcept;
+  void reserve(std::size_t bytes, Failure& error) noexcept;
   std::size_t reserved_bytes() const noexcept;
   std::size_t free_bytes() const noexcept;
 
   // An allocation during the capture, on stream `s`. The block holds a reference.
-  Block* allocate(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
+  Block* allocate(StreamState& s, std::size_t bytes, Failure& error) noexcept;
   // A private piece dropped on `stream` (the gate's take_drop), still counted live.
   void drop_piece(Block* block, cudaStream_t stream,
                   UseSpan uses) noexcept;

@@ -60,12 +60,12 @@ CaptureBinding* CaptureGate::per_thread_here() noexcept {
 }
 
 Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                             std::error_code& error) noexcept {
+                             Failure& error) noexcept {
   CaptureBinding* binding = by_id(status.id);
   if (binding == nullptr) {
     // Captured without a pool: any block handed out would be baked into a graph the pool knows
     // nothing of, and a device allocation could invalidate the capture. Refuse, touching nothing.
-    error = make_error_code(Errc::capture_without_pool);
+    error = Errc::capture_without_pool;
     return nullptr;
   }
   // The stream's state without asking its id (refused during capture): the capture's own stream,
@@ -74,7 +74,7 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
   StreamState* s = capture.stream == stream ? capture.origin : core_.registry().by_handle(stream);
   Block* b = nullptr;
   if (s == nullptr) {
-    error = make_error_code(Errc::capture_mismatch);
+    error = Errc::capture_mismatch;
   } else {
     b = binding->allocate(*s, bytes, error);
     if (b != nullptr) {

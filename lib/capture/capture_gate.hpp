@@ -32,7 +32,7 @@ class CaptureGate final : public Gate {
   void unbind(const void* key, CaptureId id) noexcept;
 
   Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                  std::error_code& error) noexcept override;
+                  Failure& error) noexcept override;
   bool take_drop(Block* block, cudaStream_t stream,
                  UseSpan uses) noexcept override;
   StreamState* bound_state(cudaStream_t stream) noexcept override;

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace streampool {
@@ -18,9 +20,21 @@ namespace {
 // memory. So the destructor only queues its reference here, and the queued references are dropped
 // at a safe point. Each reference keeps its CapturePool, and so its pool's core, alive: a release
 // always runs against its own pool.
+//
+// Graph handles whose destruction CUDA refused wait here too, to be destroyed again at the next
+// safe point: a graph (or executable graph) left alive keeps the user object that keeps its
+// CapturePool, and the CapturePool's private memory, for good. Each keeps its pool's core, and so
+// its device, alive (PoolCore::keep) until it is destroyed.
+struct Undestroyed {
+  detail::PoolCore* core;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaUserObject_t object = nullptr;  // a reference of ours to release
+};
 struct Deferred {
   std::mutex mutex;
   std::vector<std::shared_ptr<CapturePool>*> queue;
+  std::vector<Undestroyed> undestroyed;
   std::atomic<bool> pending{false};
 };
 Deferred& deferred() {
@@ -39,19 +53,50 @@ void CUDART_CB release_from_graph(void* ref) {
   d.pending.store(true, std::memory_order_release);
 }
 
-// Ends the capture on `stream` whatever CUDA said the first time, discarding what it captured:
-// the stream leaves capture (a failed end leaves it capturing; a second one ends it).
-cudaError_t end_and_discard(Device& device, cudaStream_t stream) noexcept {
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = device.end_capture(stream, &graph);
-  if (graph != nullptr) device.graph_destroy(graph);
-  CaptureStatus status = CaptureStatus::none;
-  if (device.capture_info(stream, &status, nullptr) == cudaSuccess && status != CaptureStatus::none) {
-    graph = nullptr;
-    device.end_capture(stream, &graph);
-    if (graph != nullptr) device.graph_destroy(graph);
+// Destroys the handle `u` names (one of them); when CUDA refuses, queues it to be destroyed
+// again at the next safe point (complete_graph_releases_of).
+void destroy_or_defer(const Undestroyed& u) noexcept {
+  Device& device = u.core->device();
+  cudaError_t status = cudaSuccess;
+  if (u.graph != nullptr) status = device.graph_destroy(u.graph);
+  if (u.exec != nullptr) status = device.graph_exec_destroy(u.exec);
+  if (u.object != nullptr) status = device.user_object_release(u.object);
+  if (status == cudaSuccess) return;
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  try {
+    d.undestroyed.push_back(u);
+  } catch (const std::bad_alloc&) {
+    return;  // leaked: nothing else can destroy it
   }
-  return ended;
+  u.core->keep();  // its device must outlive the handle
+  d.pending.store(true, std::memory_order_release);
+}
+void destroy_graph(detail::PoolCore& core, cudaGraph_t graph) noexcept {
+  if (graph != nullptr) destroy_or_defer({&core, graph, nullptr, nullptr});
+}
+
+// How many ends a capture that must end gets: a failed end may leave the stream capturing (CUDA
+// documents none that does, but the fake's faults do), and another end may end it.
+constexpr int end_attempts = 4;
+
+// Ends the capture on `stream` until CUDA reports the stream out of capture, discarding what it
+// captured; at most `attempts` ends. False when the stream may still be capturing (every end
+// failed, or its status could not be asked after any of them).
+bool leave_capture(detail::PoolCore& core, cudaStream_t stream, int attempts) noexcept {
+  Device& device = core.device();
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = device.end_capture(stream, &graph);
+    if (graph != nullptr) destroy_graph(core, graph);
+    CaptureStatus status = CaptureStatus::active;
+    if (device.capture_info(stream, &status, nullptr) == cudaSuccess) {
+      if (status == CaptureStatus::none) return true;
+    } else if (ended == cudaSuccess) {
+      return true;  // ended, though its status cannot be asked
+    }
+  }
+  return false;
 }
 
 // Unbinds the binding's capture from its stream and from the gate.
@@ -84,6 +129,17 @@ void complete_graph_releases_of(const PoolCore* core) noexcept {
   // A release drops buffers and runs the owners' destructors given to record_buffer, which may
   // make any call: none while a capture of ours is under way.
   if (!calls_allowed(Restricted::free)) return;
+  // First the handles CUDA refused to destroy: destroying one may release a graph's user object,
+  // whose reference is queued then (no lock held: the release takes the mutex).
+  std::vector<Undestroyed> undestroyed;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    undestroyed.swap(d.undestroyed);
+  }
+  for (const Undestroyed& u : undestroyed) {
+    destroy_or_defer(u);  // queued again, with a reference of its own, if refused again
+    u.core->let_go();
+  }
   std::vector<std::shared_ptr<CapturePool>*> queue;
   {
     std::lock_guard<std::mutex> lock(d.mutex);
@@ -100,7 +156,7 @@ void complete_graph_releases_of(const PoolCore* core) noexcept {
         }
       });
     }
-    d.pending.store(!d.queue.empty(), std::memory_order_release);
+    d.pending.store(!d.queue.empty() || !d.undestroyed.empty(), std::memory_order_release);
   }
   for (auto* ref : queue) delete ref;
 }
@@ -120,8 +176,9 @@ CapturePool::CapturePool(MemoryPool& source)
 CapturePool::~CapturePool() {
   const detail::CaptureBinding::Capture capture = binding_->capture();
   if (capture.active) {
-    // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture.
-    end_and_discard(binding_->core().device(), capture.stream);
+    // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture. If CUDA
+    // refuses every end, the stream is let go anyway: nothing could end it through this pool.
+    leave_capture(binding_->core(), capture.stream, end_attempts);
     unbind(*binding_);
   }
   clear_buffers();
@@ -136,15 +193,14 @@ bool CapturePool::is_capture_pool_sealed() const noexcept {
 
 void CapturePool::reserve(std::size_t bytes) {
   if (bytes == 0) return;
-  std::error_code error;
+  detail::Failure error;
   binding_->reserve(bytes, error);
+  if (error == Errc::out_of_memory) {
+    throw detail::error_of(
+        error, "CapturePool::reserve: " + binding_->core().out_of_memory_message(bytes, nullptr));
+  }
   if (error) {
-    const auto code = static_cast<Errc>(error.value());
-    if (code == Errc::out_of_memory) {
-      throw Error(code, "CapturePool::reserve: " +
-                            binding_->core().out_of_memory_message(bytes, nullptr));
-    }
-    throw Error(code, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
+    throw detail::error_of(error, "CapturePool::reserve of " + std::to_string(bytes) + " bytes");
   }
 }
 
@@ -184,12 +240,12 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured (with or without a pool)");
   }
-  std::error_code error;
+  detail::Failure error;
   detail::GateStatus gate_status;
   const detail::StreamRegistry::Found found = core.registry().find(stream, gate_status, error);
   if (found.state == nullptr) {
-    throw Error(error ? static_cast<Errc>(error.value()) : Errc::capture_mismatch,
-                "begin_capture_with_pool: the stream's id");
+    throw detail::error_of(error ? error : detail::Failure(Errc::capture_mismatch),
+                           "begin_capture_with_pool: the stream's identity");
   }
   if (!binding.claim()) {
     throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
@@ -223,7 +279,7 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     if (status != cudaSuccess) throw Error(status, "begin_capture_with_pool: cudaStreamGetCaptureInfo");
     gate.bind_capture(id, &binding);
   } catch (...) {
-    end_and_discard(device, stream);
+    leave_capture(core, stream, end_attempts);
     detail::note_capture_end(mode, thread);
     undo(id);
     throw;
@@ -241,12 +297,21 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
     throw Error(Errc::capture_mismatch,
                 "end_capture_with_pool: the stream is not being captured with this pool");
   }
-  Device& device = binding.core().device();
+  detail::PoolCore& core = binding.core();
+  Device& device = core.device();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = device.end_capture(stream, &graph);
   if (ended != cudaSuccess) {
-    if (graph != nullptr) device.graph_destroy(graph);
-    end_and_discard(device, stream);  // the stream leaves capture whatever happens
+    destroy_graph(core, std::exchange(graph, nullptr));
+    // The stream leaves capture whatever CUDA answered: a failed end is followed by others.
+    if (!leave_capture(core, stream, end_attempts - 1)) {
+      // CUDA refused every one: the stream is still capturing. It stays bound to the pool, so
+      // that nothing makes a call the capture forbids, for a later end to end it.
+      throw Error(ended,
+                  "end_capture_with_pool: cudaStreamEndCapture (refused " +
+                      std::to_string(end_attempts) +
+                      " times: the stream is still capturing, bound to the pool; end it again)");
+    }
   }
   unbind(binding);
   safe_point();
@@ -258,19 +323,19 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   cudaError_t status = device.user_object_create(&object, ref, release_from_graph);
   if (status != cudaSuccess) {
     delete ref;
-    device.graph_destroy(graph);
+    destroy_graph(core, graph);
     throw Error(status, "end_capture_with_pool: cudaUserObjectCreate");
   }
   status = device.graph_retain_user_object(graph, object);
   if (status != cudaSuccess) {
-    device.user_object_release(object);  // queues the reference
-    device.graph_destroy(graph);
+    destroy_or_defer({&core, nullptr, nullptr, object});  // queues the reference
+    destroy_graph(core, graph);
     complete_graph_releases();
     throw Error(status, "end_capture_with_pool: cudaGraphRetainUserObject");
   }
   cudaGraphExec_t exec = nullptr;
   status = device.graph_instantiate(&exec, graph);
-  device.graph_destroy(graph);  // the executable graph holds its own reference to the object
+  destroy_graph(core, graph);  // the executable graph holds its own reference to the object
   if (status != cudaSuccess) {
     complete_graph_releases();
     throw Error(status, "end_capture_with_pool: cudaGraphInstantiate");
@@ -300,7 +365,14 @@ CapturedGraph& CapturedGraph::operator=(CapturedGraph&& other) noexcept {
 CapturedGraph::~CapturedGraph() { destroy(); }
 
 void CapturedGraph::destroy() noexcept {
-  if (exec_ != nullptr) device_->graph_exec_destroy(std::exchange(exec_, nullptr));
+  if (exec_ != nullptr) {
+    // Refused, it is destroyed again at the next safe point: it holds the pool's memory.
+    if (pool_ != nullptr) {
+      destroy_or_defer({&pool_->binding().core(), nullptr, std::exchange(exec_, nullptr), nullptr});
+    } else {
+      device_->graph_exec_destroy(std::exchange(exec_, nullptr));
+    }
+  }
   pool_.reset();
   safe_point();
 }

@@ -9,17 +9,18 @@
 
 namespace streampool::detail {
 
-Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept {
+Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept {
   if (bytes == 0) {
-    error = make_error_code(Errc::invalid_value);
+    error = Errc::invalid_value;
     return nullptr;
   }
   GateStatus gate;
   const StreamRegistry::Found found = registry_.find(stream, gate, error);
   if (found.state == nullptr) {
     if (!error) return allocate_gated(bytes, stream, gate, error);
-    // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()).
-    if (error == gate_invalidated()) error = ungated();
+    // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()). What CUDA said
+    // stays in the failure.
+    if (error == gate_invalidated()) error.code = ungated();
     return nullptr;
   }
   StreamState& s = *found.state;
@@ -57,7 +58,7 @@ void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noe
 }
 
 Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
-                               cudaStream_t stream, std::error_code& error) noexcept {
+                               cudaStream_t stream, Failure& error) noexcept {
   s.lock.lock();
   if (!s.current(generation)) {
     // Retired since the lookup (release_stream, or its handle seen with a new id): look again.
@@ -73,7 +74,7 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
     s.lock.unlock();
     const GateStatus status = gate_status(*device_, stream);
     if (status.error != cudaSuccess) {
-      error = make_error_code(errc_from_cuda(status.error));
+      error = Failure::of(status.error, "cudaStreamGetCaptureInfo");
       return nullptr;
     }
     if (status.capturing()) return allocate_gated(bytes, stream, status, error);
@@ -112,7 +113,7 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
   return b;
 }
 
-Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept {
+Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& error) noexcept {
   const std::size_t rounded = large_.round(bytes, error);
   if (rounded == 0) return nullptr;
   bool grew = false;
@@ -140,7 +141,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, std::error_co
 }
 
 Block* PoolCore::allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                                std::error_code& error) noexcept {
+                                Failure& error) noexcept {
   if (status.invalidated()) {
     error = gate_invalidated();
     return nullptr;

@@ -230,16 +230,16 @@ void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
 }
 
 void PoolCore::record_stream(Block* b, cudaStream_t stream) {
-  std::error_code error;
+  Failure error;
   GateStatus status;
   StreamRegistry::Found found = registry_.find(stream, status, error);
   if (found.state == nullptr) {
-    if (error) throw Error(static_cast<Errc>(error.value()), "record_stream: the stream's id");
+    if (error) throw error_of(error, "record_stream: the stream's identity");
     // Behind the gate: a stream it has bound is known to it, without asking the id.
     Gate* gate = gate_.load(std::memory_order_acquire);
     found.state = gate != nullptr ? gate->bound_state(stream) : nullptr;
     if (found.state == nullptr) {
-      throw Error(static_cast<Errc>(ungated().value()), ungated_message("record_stream"));
+      throw Error(ungated(), ungated_message("record_stream"));
     }
     found.generation = found.state->generation.load(std::memory_order_acquire);
   }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "failure.hpp"
 
 #include <streampool/device.hpp>
 #include <streampool/error.hpp>
@@ -24,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <system_error>
 #include <vector>
 
 namespace streampool::detail {
@@ -67,18 +67,14 @@ inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
 
 // The error of a request that needs a call a capture under way forbids.
 
-inline std::error_code forbidden_now() noexcept {
-  return make_error_code(Errc::capture_forbids_call);
-}
+inline Errc forbidden_now() noexcept { return Errc::capture_forbids_call; }
 // The error of a call on a stream being captured that no gate serves, and its message.
-inline std::error_code ungated() noexcept { return make_error_code(Errc::capture_without_pool); }
+inline Errc ungated() noexcept { return Errc::capture_without_pool; }
 inline std::string ungated_message(const char* call) {
   return std::string(call) + " on a stream being captured without a pool";
 }
 // The error of an allocation on a stream whose capture was invalidated.
-inline std::error_code gate_invalidated() noexcept {
-  return make_error_code(Errc::capture_invalidated);
-}
+inline Errc gate_invalidated() noexcept { return Errc::capture_invalidated; }
 
 // Throws when `stream` is capturing (or its status cannot be asked): `call` cannot be made on it
 // now, and asking its id would invalidate the capture.
@@ -99,7 +95,7 @@ class Gate {
   // Returns a block counted live on the stream's state (PoolCore::count_allocation), or null with
   // `error` set.
   virtual Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                          std::error_code& error) noexcept = 0;
+                          Failure& error) noexcept = 0;
   // A drop of `block` on `stream`, whose still-pending uses are `uses` (PoolCore::drop). True
   // when the gate took it (memory it owns, or a drop into a capture); the block is then the
   // gate's, and still counted live until the gate calls PoolCore::count_drop.

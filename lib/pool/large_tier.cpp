@@ -25,9 +25,9 @@ LargeTier::~LargeTier() {
   }
 }
 
-std::size_t LargeTier::round(std::size_t bytes, std::error_code& error) const noexcept {
+std::size_t LargeTier::round(std::size_t bytes, Failure& error) const noexcept {
   if (bytes > (std::size_t{1} << 50)) {  // no device has a PiB; also keeps the rounding exact
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return 0;
   }
   const std::size_t rounding = options_.large_rounding;
@@ -142,7 +142,7 @@ Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept 
 }
 
 Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
-                       std::error_code& error) noexcept {
+                       Failure& error) noexcept {
   if (grew != nullptr) *grew = false;
   if (!calls_allowed(Restricted::malloc)) {
     error = forbidden_now();
@@ -165,8 +165,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     status = device.malloc(&ptr, size);
   }
   if (status != cudaSuccess) {
-    error = make_error_code(status == cudaErrorMemoryAllocation ? Errc::out_of_memory
-                                                                : errc_from_cuda(status));
+    error = Failure::of(status, "cudaMalloc");  // cudaErrorMemoryAllocation: out_of_memory
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -186,7 +185,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     return cut(range, rounded);
   } catch (const std::bad_alloc&) {
     device.free(ptr);
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return nullptr;
   }
 }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "failure.hpp"
 
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
@@ -27,7 +28,6 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <system_error>
 #include <vector>
 
 namespace streampool::detail {
@@ -51,7 +51,7 @@ class LargeTier {
 
   // A request's size in the arena (rounded to large_rounding), or 0 and out_of_memory when no
   // device could hold it.
-  std::size_t round(std::size_t bytes, std::error_code& error) const noexcept;
+  std::size_t round(std::size_t bytes, Failure& error) const noexcept;
 
   // A range of `rounded` bytes for stream `s` (null: one that is clean), without growing: s's
   // own, a covered one, or with cross_stream_wait one whose fence s then waits on. `had`, if
@@ -62,7 +62,7 @@ class LargeTier {
   // may serve it. Fails (out_of_memory, or forbidden_now() when calls_allowed() forbids device
   // allocation) without touching the arena. `grew`, if given, says whether it did grow.
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
-              std::error_code& error) noexcept;
+              Failure& error) noexcept;
   // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
   // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they
   // count as the owner's unfenced bytes.
@@ -78,7 +78,8 @@ class LargeTier {
   // reserved; the bytes returned.
   std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;
 
-  // Every segment, for the pool's destruction. [no other thread]
+  // Every segment, for the pool's destruction, which sets a segment's base to null once the
+  // device has it back. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
   // Adds the arena's part of a breakdown: segments, slabs, free ranges.
   void describe(PoolBreakdown& out) noexcept;

@@ -10,6 +10,13 @@
 #include <fmt/format.h>
 
 namespace streampool {
+namespace detail {
+// The Error of a failed allocation: out of memory names the request and what the pool and the
+// device hold; a failed device call names the call and keeps CUDA's error.
+Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes,
+                       cudaStream_t stream);
+}  // namespace detail
+
 namespace {
 
 PoolOptions checked(PoolOptions options) {
@@ -35,16 +42,18 @@ MemoryPool::MemoryPool(std::shared_ptr<Device> device, PoolOptions options) {
 MemoryPool::~MemoryPool() { core_->orphan(); }
 
 void* MemoryPool::allocate(std::size_t bytes, cudaStream_t stream) {
-  std::error_code error;
-  void* ptr = core_->allocate_raw(bytes, stream, error);
-  if (ptr == nullptr) detail::throw_allocation_error(*this, error, bytes, stream);
+  detail::Failure failure;
+  void* ptr = core_->allocate_raw(bytes, stream, failure);
+  if (ptr == nullptr) throw detail::allocation_error(*core_, failure, bytes, stream);
   return ptr;
 }
 
 void* MemoryPool::try_allocate(std::size_t bytes, cudaStream_t stream,
                                std::error_code& error) noexcept {
-  error.clear();
-  return core_->allocate_raw(bytes, stream, error);
+  detail::Failure failure;
+  void* ptr = core_->allocate_raw(bytes, stream, failure);
+  error = failure.error_code();
+  return ptr;
 }
 
 void MemoryPool::deallocate(void* ptr, std::size_t, cudaStream_t stream) noexcept {
@@ -65,9 +74,33 @@ Device& MemoryPool::device() const noexcept { return core_->device(); }
 
 namespace detail {
 
+Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes,
+                       cudaStream_t stream) {
+  if (failure == Errc::out_of_memory) {
+    return error_of(failure, core.out_of_memory_message(bytes, stream));
+  }
+  if (failure == Errc::invalid_value && failure.cuda == cudaSuccess) {
+    return Error(failure.code, fmt::format("allocation of {} bytes: the size must be positive "
+                                           "and representable",
+                                           bytes));
+  }
+  return error_of(failure, fmt::format("allocation of {} bytes on stream {}", bytes,
+                                       static_cast<const void*>(stream)));
+}
+
 Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
                       std::error_code& error) noexcept {
-  return pool.core().allocate(bytes, stream, error);
+  Failure failure;
+  Block* block = pool.core().allocate(bytes, stream, failure);
+  error = failure.error_code();
+  return block;
+}
+
+Block* allocate_block_or_throw(MemoryPool& pool, std::size_t bytes, cudaStream_t stream) {
+  Failure failure;
+  Block* block = pool.core().allocate(bytes, stream, failure);
+  if (block == nullptr) throw allocation_error(pool.core(), failure, bytes, stream);
+  return block;
 }
 
 void* block_address(const Block* block) noexcept { return block->ptr; }
@@ -78,23 +111,6 @@ void release_block(Block* block, cudaStream_t stream) noexcept {
 
 void record_block_stream(Block* block, cudaStream_t stream) {
   block->home->core->record_stream(block, stream);
-}
-
-void throw_allocation_error(MemoryPool& pool, std::error_code error, std::size_t bytes,
-                            cudaStream_t stream) {
-  const auto code = static_cast<Errc>(error.value());
-  if (error.category() != category()) throw std::system_error(error, "allocation");
-  switch (code) {
-    case Errc::out_of_memory:
-      throw Error(code, pool.core().out_of_memory_message(bytes, stream));
-    case Errc::invalid_value:
-      throw Error(code, fmt::format("allocation of {} bytes: the size must be positive and "
-                                    "representable",
-                                    bytes));
-    default:
-      throw Error(code, fmt::format("allocation of {} bytes on stream {}", bytes,
-                                    static_cast<const void*>(stream)));
-  }
 }
 
 }  // namespace detail

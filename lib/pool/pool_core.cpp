@@ -9,7 +9,8 @@ namespace streampool::detail {
 namespace {
 
 // Cores whose destruction calls_allowed() forbade (it synchronizes the device and frees
-// memory): destroyed at the next safe point (bury_dead_pools).
+// memory), or whose segments the device refused to free: destroyed at the next safe point
+// (bury_dead_pools), which tries the frees again.
 struct Graveyard {
   std::mutex mutex;
   std::vector<PoolCore*> dead;
@@ -45,22 +46,33 @@ PoolCore::PoolCore(std::shared_ptr<Device> device, const PoolOptions& options)
   bury_dead_pools();
 }
 
-PoolCore::~PoolCore() {
-  owned_gate_.reset();
-  // Every buffer is gone. Pending work may still use cached memory: wait for it before freeing.
-  // (If the device cannot synchronize, freeing is still right: cudaFree waits for the device.)
-  device_->device_synchronize();
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    for (const Fence& fence : s->fences) {
-      if (fence.event != nullptr) device_->event_destroy(fence.event);
+PoolCore::~PoolCore() { owned_gate_.reset(); }
+
+bool PoolCore::release_device_memory() noexcept {
+  if (!synchronized_at_end_) {
+    // Every buffer is gone. Pending work may still use cached memory: wait for it before
+    // freeing. (If the device cannot synchronize, freeing is still right: cudaFree waits.)
+    device_->device_synchronize();
+    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+      for (const Fence& fence : s->fences) {
+        if (fence.event != nullptr) device_->event_destroy(fence.event);
+      }
     }
+    synchronized_at_end_ = true;
   }
+  bool all = true;
   for (const auto& segment : large_.segments()) {
-    // Once more where the first attempt failed: nothing else will ever free it.
+    if (segment->base == nullptr) continue;  // freed by an earlier attempt
+    // Once more at once where the first attempt failed, then at the next safe point: nothing
+    // else will ever free it.
     if (device_->free(segment->base) == cudaSuccess || device_->free(segment->base) == cudaSuccess) {
       count_device_free(segment->size);
+      segment->base = nullptr;
+    } else {
+      all = false;
     }
   }
+  return all;
 }
 
 Gate& PoolCore::install_gate(std::unique_ptr<Gate> gate) noexcept {
@@ -113,7 +125,9 @@ void PoolCore::count_down() noexcept {
 
 void PoolCore::destroy() noexcept {
   // Destruction synchronizes the device and frees memory: not while calls_allowed() forbids it.
-  if (calls_allowed(Restricted::device_sync) && calls_allowed(Restricted::free)) {
+  // A segment the device refused to free keeps the core until a later safe point frees it.
+  if (calls_allowed(Restricted::device_sync) && calls_allowed(Restricted::free) &&
+      release_device_memory()) {
     delete this;
     return;
   }

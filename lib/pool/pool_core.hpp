@@ -24,6 +24,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "failure.hpp"
 #include "fences.hpp"
 #include "gate.hpp"
 #include "large_tier.hpp"
@@ -46,7 +47,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <unordered_map>
 #include <vector>
 
@@ -71,14 +71,14 @@ class PoolCore {
 
   // --- the public operations -------------------------------------------------------------
   // allocate.cpp
-  Block* allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
+  Block* allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   // drop.cpp: the one drop. `stream` is the stream the drop is ordered on: a PooledBuffer's own,
   // or the one deallocate names.
   void drop(Block* block, cudaStream_t stream) noexcept;
   // Throws Error when the stream cannot be identified.
   void record_stream(Block* block, cudaStream_t stream);
   // raw_api.cpp
-  void* allocate_raw(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
+  void* allocate_raw(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   void deallocate_raw(void* ptr, cudaStream_t stream) noexcept;
   // reclaim.cpp
   void release_stream(cudaStream_t stream);
@@ -101,7 +101,7 @@ class PoolCore {
   Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
   StreamRegistry& registry() noexcept { return registry_; }
   // A clean range of the arena of at least `bytes` (the out-of-memory ladder climbed if needed).
-  Block* take_range(std::size_t bytes, std::error_code& error) noexcept;
+  Block* take_range(std::size_t bytes, Failure& error) noexcept;
   // Back to the arena, free once every need is covered.
   void return_range(Block* range, std::vector<Need> needs) noexcept;
   // Parks a block that came back, with the needs of its uses.
@@ -182,7 +182,7 @@ class PoolCore {
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim
   // ladder one step at a time and tries again after each.
   template <class Attempt>
-  Block* with_reclaim(Attempt&& attempt, std::error_code& error) noexcept {
+  Block* with_reclaim(Attempt&& attempt, Failure& error) noexcept {
     error.clear();
     if (Block* b = attempt()) return b;
     if (error != Errc::out_of_memory) return nullptr;
@@ -230,10 +230,10 @@ class PoolCore {
 
   // allocate.cpp
   Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
-                       cudaStream_t stream, std::error_code& error) noexcept;
-  Block* allocate_large(StreamState& s, std::size_t bytes, std::error_code& error) noexcept;
+                       cudaStream_t stream, Failure& error) noexcept;
+  Block* allocate_large(StreamState& s, std::size_t bytes, Failure& error) noexcept;
   Block* allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
-                        std::error_code& error) noexcept;
+                        Failure& error) noexcept;
   // drop.cpp
   void drop_slow(Block* b, cudaStream_t stream, UseSpan uses) noexcept;
   Uses uses_of(Block* b) noexcept;
@@ -254,7 +254,12 @@ class PoolCore {
   }
   // pool_core.cpp
   void count_down() noexcept;
+  // Destroys the core once release_device_memory() succeeds; until then it waits in the
+  // graveyard for the next safe point (bury_dead_pools).
   void destroy() noexcept;
+  // Waits for the device and gives back every segment; false when the device refused a free
+  // (the segments it did free are not freed again). [no other thread]
+  bool release_device_memory() noexcept;
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
   const PoolOptions options_;
@@ -307,6 +312,7 @@ class PoolCore {
   StreamCounters ranges_;      // ranges held by layers above [keepers_mutex_]
   bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
+  bool synchronized_at_end_ = false;  // release_device_memory ran its first part [destroy()]
 
   friend class StreamRegistry;
   friend void bury_dead_pools() noexcept;

@@ -4,7 +4,7 @@
 namespace streampool::detail {
 
 void* PoolCore::allocate_raw(std::size_t bytes, cudaStream_t stream,
-                             std::error_code& error) noexcept {
+                             Failure& error) noexcept {
   Block* b = allocate(bytes, stream, error);
   if (b == nullptr) return nullptr;
   RawShard& shard = raw_[(reinterpret_cast<std::uintptr_t>(b->ptr) >> 8) % raw_shards];
@@ -15,7 +15,7 @@ void* PoolCore::allocate_raw(std::size_t bytes, cudaStream_t stream,
   } catch (const std::bad_alloc&) {
     shard.lock.unlock();
     drop(b, stream);
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return nullptr;
   }
   return b->ptr;
@@ -32,7 +32,7 @@ void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
   if (b == nullptr) return;  // not ours: nothing safe to do
   // The stream the free is ordered on. One behind the gate is known to the gate without asking
   // its id; one that cannot be identified is a use nothing but a device synchronize covers.
-  std::error_code error;
+  Failure error;
   GateStatus status;
   StreamRegistry::Found on = registry_.find(stream, status, error);
   if (on.state == nullptr && !error) {

@@ -266,7 +266,7 @@ void PoolCore::trim(std::size_t bytes_to_keep) {
   large_.release_free_segments(bytes_to_keep);
 }
 
-Block* PoolCore::take_range(std::size_t bytes, std::error_code& error) noexcept {
+Block* PoolCore::take_range(std::size_t bytes, Failure& error) noexcept {
   const std::size_t rounded = large_.round(bytes, error);
   if (rounded == 0) return nullptr;
   const auto attempt = [&]() -> Block* {

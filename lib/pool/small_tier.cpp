@@ -14,7 +14,7 @@ constexpr std::size_t batch = 16;  // blocks moved to a stream's list per depot 
 SmallTier::SmallTier(PoolCore& pool, const PoolOptions& options, std::size_t classes)
     : pool_(pool), options_(options), depot_(classes) {}
 
-Block* SmallTier::take(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept {
+Block* SmallTier::take(StreamState& s, std::uint32_t size_class, Failure& error) noexcept {
   s.lock.lock();
   if (Block* b = s.free[size_class].pop_front()) {  // the fast path left it for a slow reason
     s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
@@ -135,7 +135,7 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
   return taken[0];
 }
 
-Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept {
+Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, Failure& error) noexcept {
   const std::size_t block = pool_.classes().block_size(size_class);
   const std::size_t per_slab = options_.slab_bytes > block ? options_.slab_bytes / block : 1;
   const std::size_t rounding = options_.large_rounding;
@@ -146,7 +146,7 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_cod
     slab->size_class = size_class;
     slab->blocks.resize(range_bytes / block);
   } catch (const std::bad_alloc&) {
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return nullptr;
   }
   // A clean range, a new segment, or, when the device has no room, one of s's own free ranges
@@ -191,7 +191,7 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, std::error_cod
     } catch (const std::bad_alloc&) {
       range->is_slab = false;
       large.put(range, found);
-      error = make_error_code(Errc::out_of_memory);
+      error = Errc::out_of_memory;
       return nullptr;
     }
     if (had.timeline == nullptr && !waited) {

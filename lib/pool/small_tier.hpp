@@ -10,6 +10,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "failure.hpp"
 
 #include <streampool/pool_options.hpp>
 
@@ -17,7 +18,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <system_error>
 #include <vector>
 
 namespace streampool::detail {
@@ -40,7 +40,7 @@ class SmallTier {
   SmallTier& operator=(const SmallTier&) = delete;
 
   // The slow path: a block of `size_class` for `s` (not locked), counted as a miss there.
-  Block* take(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept;
+  Block* take(StreamState& s, std::uint32_t size_class, Failure& error) noexcept;
   // Clean blocks to the depot.
   void put_clean(const std::vector<Block*>& blocks) noexcept;
   // Slabs whose every block is in the depot go back to the arena.
@@ -53,7 +53,7 @@ class SmallTier {
  private:
   Block* from_depot(StreamState& s, std::uint32_t size_class) noexcept;
   Block* steal(StreamState& s, std::uint32_t size_class) noexcept;
-  Block* carve(StreamState& s, std::uint32_t size_class, std::error_code& error) noexcept;
+  Block* carve(StreamState& s, std::uint32_t size_class, Failure& error) noexcept;
 
   PoolCore& pool_;
   const PoolOptions& options_;

@@ -25,16 +25,11 @@ bool explicit_stream(cudaStream_t stream) {
   return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
 }
 
-std::error_code device_error(cudaError_t status) {
-  const Errc code = errc_from_cuda(status);
-  return make_error_code(code == Errc::success ? Errc::device_error : code);
-}
-
 }  // namespace
 
 template <StreamChecks checks>
 StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& gate,
-                                              std::error_code& error) noexcept {
+                                              Failure& error) noexcept {
   std::uint64_t key = 0;
   StreamId id = 0;
   if constexpr (checks == StreamChecks::none) {
@@ -44,7 +39,7 @@ StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& g
     if (gate_engaged()) {
       gate = gate_status(pool_.device(), stream);
       if (gate.error != cudaSuccess) {
-        error = device_error(gate.error);
+        error = Failure::of(gate.error, "cudaStreamGetCaptureInfo");
         return {};
       }
       if (gate.capturing()) return {};
@@ -66,19 +61,19 @@ StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& g
 }
 
 bool StreamRegistry::ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id,
-                            std::error_code& error) noexcept {
+                            Failure& error) noexcept {
   Device& device = pool_.device();
   if (checks_ == StreamChecks::full || gate_engaged()) {
     gate = gate_status(device, stream);
     if (gate.error != cudaSuccess) {
-      error = device_error(gate.error);
+      error = Failure::of(gate.error, "cudaStreamGetCaptureInfo");
       return false;
     }
     if (gate.capturing()) return false;
   }
   const cudaError_t status = device.stream_id(stream, &id);
   if (status != cudaSuccess) {
-    error = device_error(status);
+    error = Failure::of(status, "cudaStreamGetId");
     return false;
   }
   return true;
@@ -109,7 +104,7 @@ StreamRegistry::~StreamRegistry() {
 }
 
 StreamRegistry::Found StreamRegistry::lookup(cudaStream_t stream, std::uint64_t key, StreamId id,
-                                             std::error_code& error) noexcept {
+                                             Failure& error) noexcept {
   Found found;
   try {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -117,7 +112,7 @@ StreamRegistry::Found StreamRegistry::lookup(cudaStream_t stream, std::uint64_t 
     found.state = it != by_id_.end() ? it->second : register_stream(stream, id);
     found.generation = found.state->generation.load(std::memory_order_relaxed);
   } catch (const std::bad_alloc&) {
-    error = make_error_code(Errc::out_of_memory);
+    error = Errc::out_of_memory;
     return {};
   }
   CachedStream& entry = stream_cache[stream_cache_victim++ % cache_ways];

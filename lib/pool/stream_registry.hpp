@@ -23,7 +23,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <system_error>
 #include <unordered_map>
 #include <vector>
 
@@ -47,7 +46,7 @@ class StreamRegistry {
   StreamRegistry& operator=(const StreamRegistry&) = delete;
 
   // The state of `stream`, registering it when new. Never asks a capturing stream's id.
-  Found find(cudaStream_t stream, GateStatus& gate, std::error_code& error) noexcept {
+  Found find(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept {
     return (this->*strategy_)(stream, gate, error);
   }
   // The state registered for an explicit stream's handle, without a device call; null if none.
@@ -74,13 +73,13 @@ class StreamRegistry {
   std::size_t retired_waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
 
  private:
-  using Strategy = Found (StreamRegistry::*)(cudaStream_t, GateStatus&, std::error_code&) noexcept;
+  using Strategy = Found (StreamRegistry::*)(cudaStream_t, GateStatus&, Failure&) noexcept;
   static Strategy strategy_of(StreamChecks checks) noexcept;
   template <StreamChecks checks>
-  Found find_as(cudaStream_t stream, GateStatus& gate, std::error_code& error) noexcept;
+  Found find_as(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
   // The id of a stream not capturing; `gate` says when it is.
-  bool ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id, std::error_code& error) noexcept;
-  Found lookup(cudaStream_t stream, std::uint64_t key, StreamId id, std::error_code& error) noexcept;
+  bool ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id, Failure& error) noexcept;
+  Found lookup(cudaStream_t stream, std::uint64_t key, StreamId id, Failure& error) noexcept;
   StreamState* register_stream(cudaStream_t stream, StreamId id);  // [mutex_]
   StreamState* fresh_state();                                      // [mutex_]
   void retire(StreamState& s) noexcept;                            // [mutex_]

@@ -1493,13 +1493,20 @@ void Model::op_graph_destroy() {
     return;
   }
   const int id = graph.id;
+  bool destroyed = true;
   pool_call([&] {
     if (graph.exec != nullptr) {
-      fake_->graph_exec_destroy(graph.exec);
+      // The model's own handle: a destroy that CUDA refuses leaves it the model's, to destroy
+      // again later, as a careful program would (the pool cannot know of it).
+      destroyed = fake_->graph_exec_destroy(graph.exec) == cudaSuccess;
     } else {
       graph.graph = CapturedGraph();
     }
   });
+  if (!destroyed) {
+    note(fmt::format("destroy g{} refused: the model keeps it", id));
+    return;
+  }
   graphs_.erase(graphs_.begin() + g);
   note(fmt::format("destroy g{}", id));
 }
