@@ -69,3 +69,56 @@ TEST_CASE("a clean range larger than a range dropped beside it stays usable by e
   fake.complete_all();
   REQUIRE(fake.hazards().empty());
 }
+
+TEST_CASE("a stream's own range and the clean ranges after it serve a request neither holds") {
+  // a's pending 1 MiB and the clean 8 MiB after it, in one 9 MiB segment: a 9 MiB request on a
+  // uses both (its own at once, the clean one anywhere) instead of a new segment.
+  auto options = test_options();
+  options.segment_bytes = 9 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto small = Bytes::alloc_async(*pool, 1 * MiB, a);
+  std::byte* const base = small.data();
+  write_on(fake, a, small);
+  small.reset();
+  REQUIRE(pool->breakdown().free_ranges == 2);
+
+  auto whole = Bytes::alloc_async(*pool, 9 * MiB, a);
+  CHECK(whole.data() == base);
+  CHECK(pool->stats().device_allocations == 1);
+  write_on(fake, a, whole);
+  fake.complete_all();
+  REQUIRE(fake.hazards().empty());
+}
+
+TEST_CASE("what is left of a clean range taken with a stream's own stays clean for every stream") {
+  // One 9 MiB segment: a's pending 1 MiB, then 4 MiB that b dropped with no work pending (its
+  // fence completes at once), then b's live 4 MiB. A request of 4.5 MiB on a fits in neither free
+  // range alone; it takes a's and the first 3.5 MiB of b's, and the last 512 KiB stay clean.
+  auto options = test_options();
+  options.segment_bytes = 9 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto mine = Bytes::alloc_async(*pool, 1 * MiB, a);
+  auto gap = Bytes::alloc_async(*pool, 4 * MiB, b);
+  auto kept = Bytes::alloc_async(*pool, 4 * MiB, b);
+  std::byte* const base = mine.data();
+  write_on(fake, a, mine);
+  mine.reset();
+  gap.reset();
+
+  auto request = Bytes::alloc_async(*pool, 4 * MiB + 512 * KiB, a);
+  CHECK(request.data() == base);
+  CHECK(pool->stats().device_allocations == 1);
+  const auto parts = pool->breakdown();
+  CHECK(parts.free_owned_bytes == 0);
+  CHECK(parts.free_clean_bytes == static_cast<std::int64_t>(512 * KiB));
+  write_on(fake, a, request);
+  fake.complete_all();
+  REQUIRE(fake.hazards().empty());
+}

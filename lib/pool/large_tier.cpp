@@ -127,9 +127,45 @@ Block* LargeTier::waitable(StreamState& s, std::size_t bytes) noexcept {
   return nullptr;
 }
 
+Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexcept {
+  // One of s's own ranges with the clean ranges after it, if together they hold the request:
+  // s may use its own at once and the clean ones anywhere. What is left over lies in the last
+  // clean one taken, and stays clean.
+  Block probe;
+  probe.need.timeline = &s.timeline;
+  const auto usable = [](const Block* r) {
+    return r != nullptr && r->free && !r->is_slab && covered(r->need);
+  };
+  for (auto it = owned_.lower_bound(&probe); it != owned_.end() && (*it)->need.timeline == &s.timeline;
+       ++it) {
+    Block* own = *it;
+    std::size_t run = own->size;
+    for (const Block* next = own->after; run < bytes && usable(next); next = next->after) {
+      run += next->size;
+    }
+    if (run < bytes) continue;
+    unindex(own);
+    if (had != nullptr) *had = own->need;
+    while (own->size < bytes) {
+      Block* next = own->after;
+      unindex(next);
+      own->size += next->size;
+      own->after = next->after;
+      if (next->after != nullptr) next->after->before = own;
+      delete_block(next);
+    }
+    own->need = {};  // the rest, if any, is the clean part
+    return cut(own, bytes);
+  }
+  return nullptr;
+}
+
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   Block* range = best_fit(s, rounded);
+  if (range == nullptr && s != nullptr) {
+    if (Block* extended = extend_own(*s, rounded, had)) return extended;
+  }
   if (range == nullptr) {
     sweep();  // other streams' ranges may be covered by now
     range = best_fit(s, rounded);

@@ -103,6 +103,7 @@ class LargeTier {
   // All [mutex_].
   Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
+  Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
   void sweep() noexcept;  // covered owned ranges to the clean index
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
   void index(Block* range) noexcept;
