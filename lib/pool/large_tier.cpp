@@ -421,15 +421,16 @@ bool LargeTier::consistent() noexcept {
       if (r->ptr != at || r->before != previous || r->segment != segment.get() || !r->large) {
         return false;
       }
-      Block* const range = const_cast<Block*>(r);
-      const bool in_clean = clean_.count(range) != 0;
-      const bool in_owned = owned_.count(range) != 0;
-      if (in_clean && in_owned) return false;
-      if (in_clean != (r->need.timeline == nullptr) && (in_clean || in_owned)) return false;
-      const bool in_index = in_clean || in_owned;
-      if (r->free && !r->is_slab && !in_index) return false;
-      if ((!r->free || r->is_slab) && in_index) return false;
-      indexed += in_index ? 1 : 0;
+      // A range in use is its user's: its need is not read here (it is written without this
+      // mutex). That none is indexed follows from the count below: every free one is found in
+      // exactly one index.
+      if (r->free && !r->is_slab) {
+        Block* const range = const_cast<Block*>(r);
+        const bool clean = r->need.timeline == nullptr;
+        if (clean ? clean_.count(range) != 1 : owned_.count(range) != 1) return false;
+        if (clean_.count(range) + owned_.count(range) != 1) return false;
+        ++indexed;
+      }
       at += r->size;
       previous = r;
     }
