@@ -6,6 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 using streampool::FakeDevice;
 using streampool::PoolBreakdown;
 using Bytes = streampool::PooledBuffer<std::byte>;
@@ -167,4 +171,47 @@ TEST_CASE("blocks parked behind fences that completed go back at the next park, 
   CHECK(pool->stats().device_allocations == 1);
   REQUIRE(fake.hazards().empty());
   fake.event_destroy(written);
+}
+
+TEST_CASE("a breakdown may be taken while other threads allocate, record and drop", "[threads]") {
+  // Small and large buffers on three threads' streams, a third recorded on a second stream, the
+  // device completing everything at once; the main thread takes breakdowns meanwhile. Each part
+  // lies within the segments (nothing is trimmed, so they only grow), and ThreadSanitizer sees
+  // no race between the walk and the threads' drops and slab carving.
+  PoolOnFake pool(breakdown_options());
+  FakeDevice& fake = pool.fake();
+  fake.set_auto_complete(true);
+  constexpr int threads = 3;
+  std::vector<cudaStream_t> streams;
+  for (int t = 0; t < 2 * threads; ++t) streams.push_back(fake.create_stream());
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      cudaStream_t mine = streams[static_cast<std::size_t>(2 * t)];
+      cudaStream_t other = streams[static_cast<std::size_t>(2 * t + 1)];
+      for (std::size_t i = 0; !stop.load(); ++i) {
+        std::error_code error;
+        const std::size_t bytes = i % 2 == 0 ? 1000 + 97 * (i % 64) : (i % 7 + 1) * 300 * KiB;
+        auto buffer = Bytes::try_alloc_async(*pool, bytes, mine, error);
+        if (error) {
+          ++failures;
+          return;
+        }
+        if (i % 3 == 0) buffer.record_stream(other);
+      }
+    });
+  }
+  for (int i = 0; i < 300; ++i) {
+    const PoolBreakdown b = pool->breakdown();
+    if (b.slab_bytes + b.free_clean_bytes + b.free_owned_bytes > b.segment_bytes &&
+        b.segment_bytes == pool->stats().reserved_bytes.current) {
+      ++failures;  // parts larger than the whole, with no segment added meanwhile
+    }
+  }
+  stop = true;
+  for (std::thread& worker : workers) worker.join();
+  REQUIRE(failures == 0);
+  REQUIRE(fake.hazards().empty());
 }

@@ -399,10 +399,9 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
     ++out.segments;
     out.segment_bytes += static_cast<std::int64_t>(segment->size);
     for (Block* r = segment->first; r != nullptr; r = r->after) {
+      // A range in use (a slab among them) is its user's: only free ones are read.
       const auto bytes = static_cast<std::int64_t>(r->size);
-      if (r->is_slab) {
-        out.slab_bytes += bytes;
-      } else if (r->free) {
+      if (r->free && !r->is_slab) {
         ++out.free_ranges;
         (covered(r->need) ? out.free_clean_bytes : out.free_owned_bytes) += bytes;
         out.largest_free_range = std::max(out.largest_free_range, bytes);

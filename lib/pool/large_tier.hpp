@@ -81,7 +81,7 @@ class LargeTier {
   // Every segment, for the pool's destruction, which sets a segment's base to null once the
   // device has it back. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
-  // Adds the arena's part of a breakdown: segments, slabs, free ranges.
+  // Adds the arena's part of a breakdown: segments, free ranges.
   void describe(PoolBreakdown& out) noexcept;
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
   bool consistent() noexcept;

@@ -277,6 +277,13 @@ std::size_t SmallTier::depot_bytes() noexcept {
   return n;
 }
 
+std::size_t SmallTier::slab_bytes() noexcept {
+  std::lock_guard<std::mutex> lock(depot_mutex_);
+  std::size_t n = 0;
+  for (const auto& slab : slabs_) n += slab->range->size;
+  return n;
+}
+
 bool SmallTier::consistent() noexcept {
   std::lock_guard<std::mutex> lock(depot_mutex_);
   for (std::size_t c = 0; c < depot_.size(); ++c) {

@@ -48,6 +48,7 @@ class SmallTier {
 
   std::size_t depot_blocks() noexcept;
   std::size_t depot_bytes() noexcept;
+  std::size_t slab_bytes() noexcept;
   bool consistent() noexcept;  // STREAMPOOL_EXPENSIVE_ASSERT
 
  private:

@@ -102,6 +102,7 @@ PoolBreakdown PoolCore::breakdown() {
   PoolBreakdown b;
   large_.describe(b);
   b.small_depot_bytes = static_cast<std::int64_t>(small_.depot_bytes());
+  b.slab_bytes = static_cast<std::int64_t>(small_.slab_bytes());
   for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
     if (state->free_blocks.load(std::memory_order_relaxed) == 0) continue;
     state->lock.lock();
