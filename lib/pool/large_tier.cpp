@@ -96,15 +96,17 @@ Block* LargeTier::best_fit(StreamState* s, std::size_t bytes) noexcept {
 
 void LargeTier::sweep() noexcept {
   for (auto it = owned_.begin(); it != owned_.end();) {
-    Block* range = *it;
-    if (!covered(range->need)) {
-      ++it;
-      continue;
-    }
-    it = owned_.erase(it);
-    range->need = {};
-    index(range);
+    Block* range = *it++;  // before normalize() takes it out of owned_
+    normalize(range);
   }
+}
+
+void LargeTier::absorb_next(Block* range) noexcept {
+  Block* next = range->after;
+  range->size += next->size;
+  range->after = next->after;
+  if (next->after != nullptr) next->after->before = range;
+  delete_block(next);
 }
 
 Block* LargeTier::waitable(StreamState& s, std::size_t bytes) noexcept {
@@ -147,12 +149,8 @@ Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexc
     unindex(own);
     if (had != nullptr) *had = own->need;
     while (own->size < bytes) {
-      Block* next = own->after;
-      unindex(next);
-      own->size += next->size;
-      own->after = next->after;
-      if (next->after != nullptr) next->after->before = own;
-      delete_block(next);
+      unindex(own->after);
+      absorb_next(own);
     }
     own->need = {};  // the rest, if any, is the clean part
     return cut(own, bytes);
@@ -289,10 +287,7 @@ std::size_t LargeTier::put(Block* range, Need need) noexcept {
     } else if (gone->need.timeline != keep->need.timeline || gone->need.index != keep->need.index) {
       tainted += gone->size;
     }
-    keep->size += gone->size;
-    keep->after = gone->after;
-    if (gone->after != nullptr) gone->after->before = keep;
-    delete_block(gone);
+    absorb_next(keep);
   };
   while (mergeable(range->before)) {
     Block* left = range->before;
@@ -355,12 +350,8 @@ void LargeTier::coalesce_covered() noexcept {
       if (!free_covered(r) || !free_covered(r->after)) continue;
       unindex(r);
       while (free_covered(r->after)) {
-        Block* right = r->after;
-        unindex(right);
-        r->size += right->size;
-        r->after = right->after;
-        if (right->after != nullptr) right->after->before = r;
-        delete_block(right);
+        unindex(r->after);
+        absorb_next(r);
       }
       index(r);
     }

@@ -105,6 +105,8 @@ class LargeTier {
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
   Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
   void sweep() noexcept;  // covered owned ranges to the clean index
+  // `range` takes in the range after it, which is free and in no index.
+  void absorb_next(Block* range) noexcept;
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
   void index(Block* range) noexcept;
   void unindex(Block* range) noexcept;
