@@ -88,7 +88,7 @@ if want churn; then
     --out "$out/churn"
 fi
 if want stress-sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     stage "stress-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$stress_bench" stress --seconds 5 --threads 4 --churn 64 --interval 5
   done
