@@ -51,7 +51,11 @@ const char* const stress_usage =
     "  --max-growth X    fail when the last window's peak reserved is above X times the first's\n"
     "                    (windows: 60 s for runs of 5 minutes or more, else a fifth of the run),\n"
     "                    or when the pool ran the device out of memory\n"
-    "  --seed N          seed of the sizes, spins and tags (default 1)\n";
+    "  --seed N          seed of the sizes, spins and tags (default 1)\n"
+    "  --max-in-flight N before each allocation a thread waits while more than N of its checks\n"
+    "                    have not completed (default 0: never; the thread runs as far ahead of the\n"
+    "                    GPU as its launch queue lets it, and memory waiting for fences grows with\n"
+    "                    that backlog)\n";
 
 namespace {
 
@@ -219,6 +223,7 @@ struct Workload {
   std::uint64_t churn = 0;
   std::uint64_t seed = 0;
   bool release_before_renew = false;  // StreamChecks::none: the contract asks for release_stream
+  std::uint64_t max_in_flight = 0;    // StressOptions::max_in_flight
 
   static Workload make(const StressOptions& options, unsigned threads, const PoolOptions& pool) {
     Workload w;
@@ -229,6 +234,7 @@ struct Workload {
     w.churn = options.churn;
     w.seed = options.seed;
     w.release_before_renew = pool.stream_checks == StreamChecks::none;
+    w.max_in_flight = options.max_in_flight;
     return w;
   }
 
@@ -255,6 +261,13 @@ void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workloa
     std::mt19937_64 random(workload.seed * 0x100000001B3ull + index + 1);
     std::uniform_int_distribution<std::uint32_t> spin(0, max_spin_ns);
     for (std::uint64_t i = 0; !shared.stop.load(std::memory_order_relaxed); ++i) {
+      if (workload.max_in_flight != 0) {
+        // Not timed: the wait is the application's pacing, not the pool's.
+        while (lane.checks_in_flight() > workload.max_in_flight &&
+               !shared.stop.load(std::memory_order_relaxed)) {
+          std::this_thread::yield();
+        }
+      }
       const std::size_t words = workload.words(random);
       const auto bytes = static_cast<std::int64_t>(words * sizeof(unsigned));
       const std::uint32_t tag = workload.tag(i, index);
@@ -334,6 +347,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   result.config = pool_options.to_conf();
   result.threads = threads;
   result.churn = options.churn;
+  result.max_in_flight = options.max_in_flight;
   result.streams_alive = std::int64_t{2} * threads;
   result.stats_granule = pool_options.stats_granule;
   result.window_seconds = window_seconds(options.seconds);
@@ -498,6 +512,7 @@ StressOptions parse_stress_options(const std::vector<std::string>& args) {
     else if (a == "--interval") o.interval = positive_number(a, next());
     else if (a == "--max-growth") o.max_growth = positive_number(a, next());
     else if (a == "--seed") o.seed = whole_number(a, next(), 0, any);
+    else if (a == "--max-in-flight") o.max_in_flight = whole_number(a, next(), 0, any);
     else if (!a.empty() && a[0] == '-') throw StressUsageError("stress: unknown option " + a);
     else throw StressUsageError("stress takes no traces or other arguments: '" + a + "'");
   }
@@ -631,9 +646,11 @@ std::vector<StressResult> run_stress(const StressOptions& options, std::ostream&
 Table stress_table(const StressResult& r) {
   Table t;
   t.title = fmt::format(
-      "stress [{}]: {}, {} thread{}, {}, {:.1f} s", r.label, r.target, r.threads,
+      "stress [{}]: {}, {} thread{}, {}{}, {:.1f} s", r.label, r.target, r.threads,
       r.threads == 1 ? "" : "s",
       r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
+      r.max_in_flight ? fmt::format(", at most {} checks in flight", r.max_in_flight)
+                      : std::string(),
       r.seconds);
   t.note = "STREAMPOOL_CONF=" + r.config;
   t.header = {"figure", "value"};

@@ -40,6 +40,9 @@ struct StressOptions {
   std::uint64_t seed = 1;
   double max_growth = 0;  // fail when the last window's peak reserved exceeds the first's by
                           // more than this factor, or the device ran out; 0: not checked
+  // Before each allocation a thread waits while more than this many of its checks are not
+  // complete, as an application bounds how far it runs ahead of the GPU; 0: never waits.
+  std::uint64_t max_in_flight = 0;
   bool help = false;
 };
 
@@ -86,6 +89,7 @@ struct StressResult {
   std::string target;  // "fake device" or the GPU's name
   unsigned threads = 0;
   std::uint64_t churn = 0;
+  std::uint64_t max_in_flight = 0;  // StressOptions::max_in_flight
   double seconds = 0;  // measured from start to stop
   std::uint64_t buffers = 0;
   PoolStats stats;  // at the end, all work complete, before the pool went

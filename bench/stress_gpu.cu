@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace streampool::bench {
@@ -195,6 +196,12 @@ class GpuStressTarget final : public StressTarget {
     cudaDeviceProp props{};
     checked(cudaGetDeviceProperties(&props, device_->ordinal()), "cudaGetDeviceProperties");
     description_ = props.name;
+    // How many hardware queues CUDA gives the process's streams (8 unless set): with more streams
+    // than queues, unrelated streams share a queue and wait for each other, which changes what the
+    // run measures (bench/results/stress-h200.md).
+    const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    description_ += ", CUDA_DEVICE_MAX_CONNECTIONS=";
+    description_ += connections != nullptr ? connections : "8 (unset)";
   }
 
   std::shared_ptr<Device> device() const override { return device_; }

@@ -4,8 +4,9 @@
 # (few files: the device tool brings back at most eight).
 #
 #   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all),
-#                                     and, asked for by name: stress stress-ab churn
-#                                     stress-sanitize (CHURN_SECONDS: the churn stage's length)
+#                                     and, asked for by name: stress stress-ab stress-paced churn
+#                                     stress-sanitize (CHURN_SECONDS: the churn stage's length;
+#                                     MAX_IN_FLIGHT: the paced stage's bound)
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -48,7 +49,7 @@ stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 # The stress stages need the bench alone.
 targets=()
 only_stress=1
-for s in "${stages[@]}"; do [[ " stress stress-ab churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
+for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
 ((only_stress)) && targets=(--target streampool-bench)
 stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
 
@@ -82,6 +83,13 @@ fi
 if want stress-ab; then
   stage stress-ab "$stress_bench" stress --seconds 20 --config "" --config fence_every_free=true \
     --config fence_every_free=true --config "" --config cross_stream_wait=true --out "$out/stress-ab"
+fi
+# The same A B B A with every thread at most MAX_IN_FLIGHT checks ahead of the GPU: the policies
+# compared at one bounded backlog, as an application that synchronizes every few steps runs.
+if want stress-paced; then
+  stage stress-paced "$stress_bench" stress --seconds 20 --max-in-flight "${MAX_IN_FLIGHT:-32}" \
+    --config "" --config fence_every_free=true --config fence_every_free=true --config "" \
+    --out "$out/stress-paced"
 fi
 if want churn; then
   stage churn "$stress_bench" stress --seconds "${CHURN_SECONDS:-300}" --churn 64 --max-growth 1.5 \

@@ -159,3 +159,24 @@ TEST_CASE("the fake kernels name the whole block, so a hand-over without a fence
   CHECK_THAT(hazards.front(), Contains("race"));
   CHECK(device->free(memory) == cudaSuccess);
 }
+
+TEST_CASE("--max-in-flight keeps each thread within that many checks of its device",
+          "[stress][run]") {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 1;
+  options.threads = 2;
+  options.interval = 1;
+  options.max_in_flight = 1;
+  std::ostringstream log;
+  const std::vector<StressResult> results = run_stress(options, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 1);
+  const StressResult& r = results.front();
+  CHECK(stress_failures(r, 0).empty());
+  CHECK(r.max_in_flight == 1);
+  REQUIRE(r.in_flight.samples > 0);
+  // Sampled just after the iteration's check was launched: the one allowed before it, and itself.
+  CHECK(r.in_flight.p99_ns <= 2);
+  CHECK_THAT(stress_table(r).title, Contains("at most 1 checks in flight"));
+}
