@@ -119,6 +119,10 @@ std::vector<std::unique_ptr<Peer>> all_peers() {
   fastest.stream_checks = StreamChecks::none;
   peers.push_back(make_streampool_peer(fastest, "streampool (stream_checks=none)"));
   peers.push_back(make_streampool_peer(PoolOptions{}, "streampool (default: every check)"));
+  // Large pairs without the shelf: the arena's path (bench/results/ compares the two).
+  PoolOptions no_shelf;
+  no_shelf.large_shelf = 0;
+  peers.push_back(make_streampool_peer(no_shelf, "streampool (default, large_shelf=0)"));
   peers.push_back(make_cuda_malloc_peer());
   peers.push_back(make_malloc_async_peer());
   if (auto cub = make_cub_peer()) peers.push_back(std::move(cub));

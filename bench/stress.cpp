@@ -401,6 +401,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
     s.free_owned_bytes = parts.free_owned_bytes;
     s.free_clean_bytes = parts.free_clean_bytes;
     s.slab_bytes = parts.slab_bytes;
+    s.shelved_bytes = parts.shelved_bytes;
     result.samples.push_back(s);
     last_buffers = buffers;
     last_seconds = now;
@@ -708,7 +709,7 @@ Table stress_samples_table(const std::vector<StressResult>& results) {
   t.title = "stress: progress samples";
   t.header = {"config",  "seconds",          "buffers_per_second", "reserved_bytes",
               "device_allocations", "fences", "parked_bytes", "free_owned_bytes",
-              "free_clean_bytes", "slab_bytes"};
+              "free_clean_bytes", "slab_bytes", "shelved_bytes"};
   for (const StressResult& r : results) {
     for (const StressSample& s : r.samples) {
       t.rows.push_back({r.label, fmt::format("{:.3f}", s.seconds),
@@ -716,7 +717,8 @@ Table stress_samples_table(const std::vector<StressResult>& results) {
                         fmt::format("{}", s.reserved_bytes),
                         fmt::format("{}", s.device_allocations), fmt::format("{}", s.fences),
                         fmt::format("{}", s.parked_bytes), fmt::format("{}", s.free_owned_bytes),
-                        fmt::format("{}", s.free_clean_bytes), fmt::format("{}", s.slab_bytes)});
+                        fmt::format("{}", s.free_clean_bytes), fmt::format("{}", s.slab_bytes),
+                        fmt::format("{}", s.shelved_bytes)});
     }
   }
   return t;

@@ -81,6 +81,7 @@ struct StressSample {
   std::int64_t free_owned_bytes = 0;
   std::int64_t free_clean_bytes = 0;
   std::int64_t slab_bytes = 0;
+  std::int64_t shelved_bytes = 0;
 };
 
 struct StressResult {

@@ -23,6 +23,7 @@ streampool::PoolOptions breakdown_options() {
   auto options = test_options();
   options.segment_bytes = 20 << 20;
   options.slab_bytes = 1 << 20;
+  options.large_shelf = 0;  // the arena's parts: a dropped range goes there, not to a shelf
   return options;
 }
 
@@ -131,13 +132,15 @@ TEST_CASE("the formatted breakdown names every field with its value") {
   b.free_clean_bytes = 7;
   b.free_owned_bytes = 8;
   b.largest_free_range = 9;
+  b.shelved_ranges = 12;
+  b.shelved_bytes = 13;
   b.parked_blocks = 10;
   b.parked_bytes = 11;
   const std::string text = fmt::format("{}", b);
   CAPTURE(text);
   REQUIRE(text ==
           "segments 1 (2 bytes); slabs 3 bytes (free: 4 on streams, 5 in the depot); free ranges 6 "
-          "(7 bytes clean, 8 owned, largest 9); parked 10 (11 bytes)");
+          "(7 bytes clean, 8 owned, largest 9); shelved 12 (13 bytes); parked 10 (11 bytes)");
   REQUIRE(text == streampool::to_string(b));
 }
 

@@ -9,6 +9,14 @@ using Bytes = streampool::PooledBuffer<std::byte>;
 namespace {
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Options for the arena alone: a dropped range goes to the arena, not to its stream's shelf
+// (pool_large_shelf.cpp).
+streampool::PoolOptions arena_options() {
+  auto options = test_options();
+  options.large_shelf = 0;
+  return options;
+}
 }  // namespace
 
 TEST_CASE("a clean range is found however many other streams' pending ranges are as large") {
@@ -16,7 +24,7 @@ TEST_CASE("a clean range is found however many other streams' pending ranges are
   // until their fences complete. The rest of the second segment is clean. A new stream asking
   // for 384 KiB must get the clean rest, not a new segment, though seventy ranges of the same
   // size (and so, in size order, before the clean one) are not usable by it.
-  auto options = test_options();
+  auto options = arena_options();
   options.segment_bytes = 20 * MiB;
   options.large_rounding = 128 * KiB;
   PoolOnFake pool(options);
@@ -46,7 +54,7 @@ TEST_CASE("a clean range larger than a range dropped beside it stays usable by e
   // One segment of 9 MiB: stream a's 1 MiB buffer, dropped while its work is pending (a's own),
   // and the clean 8 MiB after it. Taken into a's range, the 8 MiB would wait for a's fence; apart,
   // stream b gets it without the arena growing.
-  auto options = test_options();
+  auto options = arena_options();
   options.segment_bytes = 9 * MiB;
   options.large_rounding = 128 * KiB;
   PoolOnFake pool(options);
@@ -73,7 +81,7 @@ TEST_CASE("a clean range larger than a range dropped beside it stays usable by e
 TEST_CASE("a stream's own range and the clean ranges after it serve a request neither holds") {
   // a's pending 1 MiB and the clean 8 MiB after it, in one 9 MiB segment: a 9 MiB request on a
   // uses both (its own at once, the clean one anywhere) instead of a new segment.
-  auto options = test_options();
+  auto options = arena_options();
   options.segment_bytes = 9 * MiB;
   options.large_rounding = 128 * KiB;
   PoolOnFake pool(options);
@@ -97,7 +105,7 @@ TEST_CASE("what is left of a clean range taken with a stream's own stays clean f
   // One 9 MiB segment: a's pending 1 MiB, then 4 MiB that b dropped with no work pending (its
   // fence completes at once), then b's live 4 MiB. A request of 4.5 MiB on a fits in neither free
   // range alone; it takes a's and the first 3.5 MiB of b's, and the last 512 KiB stay clean.
-  auto options = test_options();
+  auto options = arena_options();
   options.segment_bytes = 9 * MiB;
   options.large_rounding = 128 * KiB;
   PoolOnFake pool(options);

@@ -153,6 +153,7 @@ TEST_CASE("a stream destroyed without its handle going to another is forgotten o
   auto options = test_options();
   options.stats_granule = MiB;
   options.idle_ms = 1;
+  options.large_shelf = 0;  // every large allocation takes the slow path, where idleness is seen
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
   cudaStream_t keeper = fake.create_stream();

@@ -160,7 +160,7 @@ TEST_CASE("the fake kernels name the whole block, so a hand-over without a fence
   CHECK(device->free(memory) == cudaSuccess);
 }
 
-TEST_CASE("--max-in-flight keeps each thread within that many checks of its device",
+TEST_CASE("a bound on checks in flight keeps each thread within that many of its device",
           "[stress][run]") {
   StressOptions options;
   options.fake = true;

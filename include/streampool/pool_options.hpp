@@ -43,6 +43,12 @@ struct PoolOptions {
   std::size_t segment_bytes = std::size_t{20} << 20;
   // Large requests round up to a multiple of this (a power of two, at least the alignment).
   std::size_t large_rounding = std::size_t{128} << 10;
+  // Each stream keeps up to this many large ranges it dropped on a shelf of its own (0: none), and
+  // a request on it of one's size (rounded to large_rounding) takes it back under the stream's
+  // lock alone: no arena mutex, no search. Shelves go back to the arena before it grows,
+  // in the out-of-memory ladder, at trim and when their stream is released (docs/design.md).
+  std::uint32_t large_shelf = 4;
+  static constexpr std::uint32_t max_large_shelf = 64;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;
@@ -73,7 +79,7 @@ struct PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, max_reserved, unfenced, unfenced_us, idle_ms,
+  // slab, segment, large_rounding, large_shelf, max_reserved, unfenced, unfenced_us, idle_ms,
   // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
   // take a K, M or G suffix (binary).
   // Throws Error(Errc::invalid_value) naming the bad key or value.

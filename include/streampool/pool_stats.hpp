@@ -45,6 +45,8 @@ struct PoolBreakdown {
   std::int64_t free_clean_bytes = 0;       // usable by any stream now
   std::int64_t free_owned_bytes = 0;       // usable by their stream now, by others after a fence
   std::int64_t largest_free_range = 0;
+  std::int64_t shelved_ranges = 0;         // large ranges on their streams' shelves, kept for
+  std::int64_t shelved_bytes = 0;          // their requests (PoolOptions::large_shelf)
   std::int64_t parked_blocks = 0;          // dropped, waiting for fences of several streams
   std::int64_t parked_bytes = 0;           // (or for a device synchronize), small and large
 };

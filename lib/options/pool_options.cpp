@@ -88,6 +88,11 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     else if (key == "slab") o.slab_bytes = parse_size(key, value);
     else if (key == "segment") o.segment_bytes = parse_size(key, value);
     else if (key == "large_rounding") o.large_rounding = parse_size(key, value);
+    else if (key == "large_shelf") {
+      const std::size_t n = parse_size(key, value);
+      if (n > max_large_shelf) bad(key, value, fmt::format("at most {}", max_large_shelf));
+      o.large_shelf = static_cast<std::uint32_t>(n);
+    }
     else if (key == "max_reserved") o.max_reserved_bytes = parse_size(key, value);
     else if (key == "unfenced") o.unfenced_bytes = parse_size(key, value);
     else if (key == "unfenced_us") {
@@ -111,7 +116,8 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     } else {
       throw Error(Errc::invalid_value, fmt::format("STREAMPOOL_CONF: unknown key '{}' (known: "
                                                    "smallest, per_doubling, largest, alignment, "
-                                                   "slab, segment, large_rounding, max_reserved, "
+                                                   "slab, segment, large_rounding, large_shelf, "
+                                                   "max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
                                                    "stream_checks, stats_granule)",
@@ -132,12 +138,13 @@ PoolOptions PoolOptions::from_environment(const PoolOptions& base) {
 std::string PoolOptions::to_conf() const {
   return fmt::format(
       "smallest={},per_doubling={},largest={},alignment={},slab={},segment={},"
-      "large_rounding={},max_reserved={},unfenced={},unfenced_us={},idle_ms={},"
+      "large_rounding={},large_shelf={},max_reserved={},unfenced={},unfenced_us={},idle_ms={},"
       "fence_every_free={},cross_stream_wait={},"
       "stream_checks={},stats_granule={}",
       size_text(size_classes.smallest), size_classes.per_doubling, size_text(size_classes.largest),
       size_text(size_classes.alignment), size_text(slab_bytes), size_text(segment_bytes),
-      size_text(large_rounding), size_text(max_reserved_bytes), size_text(unfenced_bytes),
+      size_text(large_rounding), large_shelf, size_text(max_reserved_bytes),
+      size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
       cross_stream_wait, checks_text(stream_checks), size_text(stats_granule));
 }
@@ -151,6 +158,9 @@ std::string PoolOptions::validate() const {
   }
   if (slab_bytes == 0) return "slab must be positive";
   if (segment_bytes == 0) return "segment must be positive";
+  if (large_shelf > max_large_shelf) {
+    return fmt::format("large_shelf ({}) must be at most {}", large_shelf, max_large_shelf);
+  }
   return {};
 }
 

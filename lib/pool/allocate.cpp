@@ -3,8 +3,8 @@
 // The fast path is what the data model is for: the stream's lookup (a thread-local cache, plus
 // what StreamChecks asks CUDA), one uncontended lock, a list pop and the counters. No other lock,
 // no device call beyond the lookup's, no write to memory another thread writes on its own fast
-// path. Everything else (an empty list, a large request, a stream that needs attention) is the
-// slow path.
+// path; a large request the stream's shelf (shelf.cpp) fits is served the same way. Everything
+// else (an empty list or shelf, a stream that needs attention) is the slow path.
 #include "pool_core.hpp"
 
 namespace streampool::detail {
@@ -24,13 +24,19 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, Failure& error
     return nullptr;
   }
   StreamState& s = *found.state;
-  if (!classes_.is_large(bytes)) {
-    const std::uint32_t size_class = classes_.class_of(bytes);
+  const bool large = classes_.is_large(bytes);
+  if (!large || s.shelved.load(std::memory_order_relaxed) != 0) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&
         s.generation.load(std::memory_order_relaxed) == found.generation) {
-      if (Block* b = s.free[size_class].pop_front()) {
-        s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+      Block* b = nullptr;
+      if (!large) {
+        b = s.free[classes_.class_of(bytes)].pop_front();
+        if (b != nullptr) s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+      } else {
+        b = take_shelved(s, bytes);
+      }
+      if (b != nullptr) {
         reused_here(s, b->need, b->size);
         ++s.counters.hits;
         count_allocation(s, b, bytes);
@@ -118,10 +124,17 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
   if (rounded == 0) return nullptr;
   bool grew = false;
   Need was;  // the need the range had: s's own unfenced range is no longer unfenced
+  // The request missed s's shelf: its ranges go back, so that the arena's choice (the best fit, a
+  // cut of one, s's own range extended) sees them as if there were no shelf.
+  unshelve(s);
   const auto attempt = [&]() -> Block* {
     if (Block* range = large_.find(&s, rounded, &was)) return range;
-    // Before growing: parked blocks may be clean by now, and other streams' ranges may be covered
-    // by fences that completed, or could be by a fence they are asked for now.
+    // Before growing: the shelves go back (s's own ranges too: one may be cut to fit), parked
+    // blocks may be clean by now, and other streams' ranges may be covered by fences that
+    // completed, or could be by a fence they are asked for now.
+    if (unshelve_all()) {
+      if (Block* range = large_.find(&s, rounded, &was)) return range;
+    }
     drain_parked();
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;

@@ -33,6 +33,24 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
       return;
     }
     s.lock.unlock();
+  } else if (b->large && b->recorded == nullptr && b->keeper == nullptr &&
+             options_.large_shelf != 0) {
+    // A large range used on its own stream alone: onto the stream's shelf (shelf.cpp). The fence
+    // policy holds as for a range kept in the arena (keep_on): with several streams, a drop past
+    // the unfenced bound records a fence here.
+    s.lock.lock();
+    const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
+    if (s.attention.load(std::memory_order_relaxed) == 0 && generation == b->home_generation) {
+      const bool orphaned = count_release(s, b);
+      b->need = s.need_now();
+      Block* oldest = shelve(s, b);
+      if (dropped_here(s, b->size) && s.addressable()) record_fence(s);
+      s.lock.unlock();
+      if (oldest != nullptr) to_arena(s, generation, oldest);
+      if (orphaned) count_down();
+      return;
+    }
+    s.lock.unlock();
   }
 
   const Uses uses = uses_of(b);
@@ -105,20 +123,9 @@ void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
     u.set_free_blocks(u.free_blocks.load(std::memory_order_relaxed) + 1);
   }
   if (dropped_here(u, b->size) && u.addressable()) record_fence(u);
-  const Need need = b->need;
-  u.lock.unlock();
-  if (!large) return;
   const std::uint32_t generation = u.generation.load(std::memory_order_relaxed);
-  if (const std::size_t tainted = large_.put(b, need); tainted != 0) {
-    // Clean neighbours merged into the range now wait for its fence too: they count against the
-    // bound like the range itself.
-    u.lock.lock();
-    if (u.current(generation) && u.timeline.recorded.load(std::memory_order_relaxed) == need.index &&
-        dropped_here(u, tainted) && u.addressable()) {
-      record_fence(u);
-    }
-    u.lock.unlock();
-  }
+  u.lock.unlock();
+  if (large) to_arena(u, generation, b);
 }
 
 Need PoolCore::fence_now(StreamState& s, std::uint32_t generation) noexcept {

@@ -20,7 +20,21 @@ bool PoolCore::consistent_state(StreamState& s) noexcept {
     blocks += n;
   }
   if (blocks != s.free_blocks.load(std::memory_order_relaxed)) return false;
-  if ((s.attention.load(std::memory_order_relaxed) & retired) != 0 && blocks != 0) return false;
+  std::size_t shelved = 0;
+  for (const Block* b = s.shelf.head; b != nullptr; b = b->next, ++shelved) {
+    if (!b->large || b->free || b->is_slab || b->requested != 0) return false;
+    if (b->need.timeline != nullptr &&
+        (b->need.timeline != &s.timeline || b->need.index > recorded)) {
+      return false;
+    }
+  }
+  if (shelved != s.shelf.count || shelved != s.shelved.load(std::memory_order_relaxed) ||
+      shelved > options_.large_shelf) {
+    return false;
+  }
+  if ((s.attention.load(std::memory_order_relaxed) & retired) != 0 && blocks + shelved != 0) {
+    return false;
+  }
   std::uint64_t previous = 0;
   bool first = true;
   for (const Fence& fence : s.fences) {

@@ -7,7 +7,8 @@
 //    ├─ StreamRegistry       stream -> StreamState; the threads' caches      registry mutex
 //    │   └─ StreamState      one per stream: free[class] lists, fence log,   its spin lock
 //    │       ├─ Timeline     counters, unfenced bytes; blocks on its lists
-//    │       └─ free[class]  are safe on it at once, elsewhere once covered
+//    │       ├─ free[class]  are safe on it at once, elsewhere once covered
+//    │       └─ shelf        large ranges it dropped, kept for its own requests
 //    ├─ SmallTier            depot[class] of clean blocks; slabs             depot mutex
 //    ├─ LargeTier            segments -> ranges; free ranges by size         arena mutex
 //    ├─ parked               blocks waiting for several needs                parked mutex
@@ -240,6 +241,20 @@ class PoolCore {
   void forget_recorded(Block* b) noexcept;  // the record_stream entries, given up
   void place(Block* b, UseSpan uses) noexcept;
   void keep_on(StreamState& u, Block* b) noexcept;  // [u.lock], unlocks it
+  // shelf.cpp: the large ranges a stream keeps for itself (StreamState::shelf).
+  // [s.lock] The newest shelved range of `bytes` rounded to large_rounding, off the shelf; or
+  // null.
+  Block* take_shelved(StreamState& s, std::size_t bytes) noexcept;
+  // [s.lock] Puts a large range just dropped on s (its need set) on s's shelf; returns the
+  // oldest one when that made the shelf too long, for the caller to give to_arena() unlocked.
+  Block* shelve(StreamState& s, Block* range) noexcept;
+  // [nothing locked] A range of s (as of `generation`) back to the arena with its need.
+  void to_arena(StreamState& s, std::uint32_t generation, Block* range) noexcept;
+  // [nothing locked] s's shelf / every shelf back to the arena; true when a range moved.
+  bool unshelve(StreamState& s) noexcept;
+  bool unshelve_all() noexcept;
+  // [s.lock] Empties s's shelf into `out`.
+  void take_shelf(StreamState& s, std::vector<Block*>& out) noexcept;
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).
   bool count_release(StreamState& s, Block* b) noexcept {
     StreamCounters& c = s.counters;

@@ -117,7 +117,13 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
   } catch (const std::bad_alloc&) {
   }
   s.set_free_blocks(0);
+  // Shelved ranges go to the arena with their needs, as if they had been dropped there: owned by
+  // s's timeline until covered, as the ranges s dropped into the arena are.
+  std::vector<Block*> shelved;
+  take_shelf(s, shelved);
+  const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
   s.lock.unlock();
+  for (Block* range : shelved) to_arena(s, generation, range);
   std::vector<Block*> clean;
   for (Block* b : blocks) {
     if (covered(b->need)) {
@@ -168,8 +174,9 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
                                                             std::memory_order_acq_rel)) {
   }
 
-  // Everything covered now leaves the streams' lists for the depot, where every stream (and the
-  // slab return below) sees it.
+  // Everything covered now leaves the streams' lists for the depot, and their shelves for the
+  // arena, where every stream (and the slab and segment returns below and in trim) sees it.
+  unshelve_all();
   std::vector<Block*> clean;
   for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
     s->lock.lock();
@@ -227,6 +234,7 @@ void PoolCore::reclaim_if_stranded() noexcept {
 bool PoolCore::reclaim(int step) noexcept {
   switch (step) {
     case 0:
+      unshelve_all();
       drain_parked();
       return true;
     case 1:
@@ -271,6 +279,7 @@ Block* PoolCore::take_range(std::size_t bytes, Failure& error) noexcept {
   if (rounded == 0) return nullptr;
   const auto attempt = [&]() -> Block* {
     if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;
+    unshelve_all();
     drain_parked();
     large_.coalesce_covered();
     if (Block* range = large_.find(nullptr, rounded, nullptr)) return range;

@@ -104,11 +104,18 @@ PoolBreakdown PoolCore::breakdown() {
   b.small_depot_bytes = static_cast<std::int64_t>(small_.depot_bytes());
   b.slab_bytes = static_cast<std::int64_t>(small_.slab_bytes());
   for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
-    if (state->free_blocks.load(std::memory_order_relaxed) == 0) continue;
+    if (state->free_blocks.load(std::memory_order_relaxed) == 0 &&
+        state->shelved.load(std::memory_order_relaxed) == 0) {
+      continue;
+    }
     state->lock.lock();
     for (unsigned c = 0; c < classes_.count(); ++c) {
       const BlockList& list = state->free[c];
       if (!list.empty()) b.small_cached_bytes += static_cast<std::int64_t>(list.count * list.head->size);
+    }
+    for (const Block* range = state->shelf.head; range != nullptr; range = range->next) {
+      ++b.shelved_ranges;
+      b.shelved_bytes += static_cast<std::int64_t>(range->size);
     }
     state->lock.unlock();
   }
@@ -140,10 +147,10 @@ std::string to_string(const PoolStats& s) {
 std::string to_string(const PoolBreakdown& b) {
   return fmt::format(
       "segments {} ({} bytes); slabs {} bytes (free: {} on streams, {} in the depot); free ranges "
-      "{} ({} bytes clean, {} owned, largest {}); parked {} ({} bytes)",
+      "{} ({} bytes clean, {} owned, largest {}); shelved {} ({} bytes); parked {} ({} bytes)",
       b.segments, b.segment_bytes, b.slab_bytes, b.small_cached_bytes, b.small_depot_bytes,
-      b.free_ranges, b.free_clean_bytes, b.free_owned_bytes, b.largest_free_range, b.parked_blocks,
-      b.parked_bytes);
+      b.free_ranges, b.free_clean_bytes, b.free_owned_bytes, b.largest_free_range,
+      b.shelved_ranges, b.shelved_bytes, b.parked_blocks, b.parked_bytes);
 }
 
 }  // namespace streampool

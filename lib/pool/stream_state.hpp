@@ -62,8 +62,12 @@ enum Attention : std::uint32_t {
 //   - every block on free[c] has size class c, is free, and has need.timeline == &timeline
 //     (need.index <= timeline.recorded) or no timeline;
 //   - free_blocks is the number of blocks on the lists;
+//   - every range on the shelf is a large range dropped here, not free in the arena's eyes (on
+//     no index, flag false: the arena treats it as in use), requested == 0, with
+//     need.timeline == &timeline (need.index <= timeline.recorded) or no timeline; shelved is
+//     the shelf's count, at most PoolOptions::large_shelf;
 //   - fences are in index order, each index < timeline.recorded, all >= timeline.completed;
-//   - a retired state has empty lists and gets no new blocks; it is recycled only when
+//   - a retired state has empty lists and shelf and gets no new blocks; it is recycled only when
 //     timeline.completed > last_index, live == 0, pins == 0 and recorded_by == 0.
 struct alignas(64) StreamState {
   SpinLock lock;
@@ -73,6 +77,10 @@ struct alignas(64) StreamState {
   std::atomic<std::uint32_t> generation{0};
   std::unique_ptr<BlockList[]> free;           // per size class [lock]
   std::atomic<std::size_t> free_blocks{0};     // written under the lock, read anywhere as a hint
+  // Large ranges dropped here, newest first: a same-stream request takes one back without the
+  // arena (PoolCore::take_shelved). [lock]
+  BlockList shelf;
+  std::atomic<std::uint32_t> shelved{0};       // shelf.count: written under the lock, a hint
   Timeline timeline;                           // written under the lock, read anywhere
   std::deque<Fence> fences;                    // recorded, not yet known complete [lock]
   StreamCounters counters;                     // [lock]
