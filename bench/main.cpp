@@ -58,7 +58,7 @@ const char* usage =
     "  --timeline FILE    replay: write the reserved/requested timeline as SVG\n"
     "  --top N            tune: rows to print (default 10)\n"
     "  --threads N        tune: replays at a time (default: every core)\n"
-    "  --wide             tune: search a few hundred configurations, not a few dozen\n"
+    "  --wide             tune: search about a thousand configurations, not a few dozen\n"
     "  --out DIR          tune, compare: write plots, Markdown and CSV there\n"
     "  --torch-summary F  compare: PyTorch's figures for the traces (torch_summary.json)\n"
     "  --quick            compare: fewer sizes, threads and repeats\n";

@@ -19,19 +19,27 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
   const Sizes segment = wide ? Sizes{16 * MiB, 20 * MiB, 32 * MiB, 64 * MiB, 128 * MiB}
                              : Sizes{20 * MiB, 64 * MiB, 128 * MiB};
   const Sizes slab = wide ? Sizes{1 * MiB, 2 * MiB, 4 * MiB} : Sizes{base.slab_bytes};
+  // The shelf buys speed, which a replay on the fake device does not weigh: the base's own
+  // setting first, so that a tie in memory keeps it.
+  const std::vector<std::uint32_t> shelf =
+      wide ? std::vector<std::uint32_t>{base.large_shelf, base.large_shelf != 0 ? 0u : 4u}
+           : std::vector<std::uint32_t>{base.large_shelf};
   std::vector<PoolOptions> grid;
   for (std::size_t l : largest) {
     for (unsigned p : per_doubling) {
       for (std::size_t r : rounding) {
         for (std::size_t g : segment) {
           for (std::size_t b : slab) {
-            PoolOptions o = base;
-            o.size_classes.largest = l;
-            o.size_classes.per_doubling = p;
-            o.large_rounding = r;
-            o.segment_bytes = g;
-            o.slab_bytes = b;
-            grid.push_back(o);
+            for (std::uint32_t k : shelf) {
+              PoolOptions o = base;
+              o.size_classes.largest = l;
+              o.size_classes.per_doubling = p;
+              o.large_rounding = r;
+              o.segment_bytes = g;
+              o.slab_bytes = b;
+              o.large_shelf = k;
+              grid.push_back(o);
+            }
           }
         }
       }

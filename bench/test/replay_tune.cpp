@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 
 using namespace streampool::bench;
@@ -65,4 +66,16 @@ TEST_CASE("the configuration tune recommends is accepted by the pool through STR
   streampool::MemoryPool pool(std::make_shared<streampool::FakeDevice>());
   unsetenv("STREAMPOOL_CONF");
   REQUIRE(pool.options() == rows.front().options);
+}
+
+TEST_CASE("the wide grid searches the shelf, the base's setting first; the narrow one keeps it") {
+  streampool::PoolOptions base;
+  base.large_shelf = 7;
+  const auto wide = tune_grid(base, true);
+  REQUIRE(wide.size() >= 2);
+  CHECK(wide[0].large_shelf == 7);
+  CHECK(wide[1].large_shelf == 0);
+  CHECK(std::count_if(wide.begin(), wide.end(), [](const auto& o) { return o.large_shelf == 0; }) ==
+        static_cast<std::ptrdiff_t>(wide.size() / 2));
+  for (const auto& o : tune_grid(base, false)) CHECK(o.large_shelf == 7);
 }
