@@ -257,8 +257,9 @@ class PoolCore {
   // Destroys the core once release_device_memory() succeeds; until then it waits in the
   // graveyard for the next safe point (bury_dead_pools).
   void destroy() noexcept;
-  // Waits for the device and gives back every segment; false when the device refused a free
-  // (the segments it did free are not freed again). [no other thread]
+  // Waits for the device, destroys every event and gives back every segment; false when the
+  // device refused a free or an event destroy (twice in a row): what it did free or destroy is
+  // not again, the rest is tried again at the next call. [no other thread]
   bool release_device_memory() noexcept;
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
@@ -313,6 +314,7 @@ class PoolCore {
   bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
   bool synchronized_at_end_ = false;  // release_device_memory ran its first part [destroy()]
+  std::vector<cudaEvent_t> undestroyed_events_;  // events it has yet to destroy [destroy()]
 
   friend class StreamRegistry;
   friend void bury_dead_pools() noexcept;
