@@ -9,6 +9,8 @@
 //   unknown keys, garbage, overflowing    pool_options.cpp ("bad input throws invalid_value
 //   numbers, bad booleans, later key wins  ..."; "a later item for the same key wins"); every
 //                                          key with each bad value: below
+//   a raw deallocate of a foreign         pool_raw_api.cpp (aborts in a debug build, ignored in
+//   pointer, a double free, a wrong size   a release build: memory_pool.hpp)
 //   a capturing stream without a pool     capture_allocation.cpp ("... capture_without_pool ...")
 //   a sealed pool                         capture_allocation.cpp, device_errors.cpp
 //   a stream destroyed after its buffers  pool_streams.cpp ("a new stream that gets a destroyed

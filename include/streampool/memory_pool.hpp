@@ -60,7 +60,13 @@ class MemoryPool {
   // The same, reporting failure through `error` and returning nullptr.
   void* try_allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
   // Stream-ordered free, as cudaFreeAsync: the memory is reusable after the work enqueued on
-  // `stream` so far. `ptr` must come from allocate on this pool; `bytes` is the size asked for.
+  // `stream` so far. `ptr` must come from allocate on this pool and not be deallocated yet;
+  // `bytes` is the size asked for. A null `ptr` does nothing. Misuse the pool can see: a debug
+  // build (STREAMPOOL_DEBUG_CHECKS >= 1) prints it and aborts, for a `ptr` the pool does not
+  // hold (never from its allocate, a PooledBuffer's, or deallocated already) and for another
+  // `bytes` than allocated; a release build ignores the first (nothing is freed) and frees the
+  // whole allocation for the second. A double free of a pointer allocate has handed out again
+  // since frees the new allocation, in every build, as with cudaFreeAsync.
   void deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept;
 
   // Forget `stream`: its cached blocks become usable anywhere (after waiting for its work), and

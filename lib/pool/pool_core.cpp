@@ -27,6 +27,11 @@ void check_failed(const char* condition, const char* file, int line) noexcept {
   std::abort();
 }
 
+void misuse(const std::string& what) noexcept {
+  std::fprintf(stderr, "streampool: misuse: %s\n", what.c_str());
+  std::abort();
+}
+
 PoolCore::PoolCore(std::shared_ptr<Device> device, const PoolOptions& options)
     : device_(std::move(device)),
       options_(options),

@@ -79,7 +79,8 @@ class PoolCore {
   void record_stream(Block* block, cudaStream_t stream);
   // raw_api.cpp
   void* allocate_raw(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
-  void deallocate_raw(void* ptr, cudaStream_t stream) noexcept;
+  // `bytes`: the size the caller says it allocated (checked in debug builds).
+  void deallocate_raw(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept;
   // reclaim.cpp
   void release_stream(cudaStream_t stream);
   void trim(std::size_t bytes_to_keep);
