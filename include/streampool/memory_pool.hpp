@@ -54,8 +54,10 @@ class MemoryPool {
 
   // Stream-ordered allocation, as cudaMallocAsync: the memory may be used by work on `stream` at
   // once. Throws Error: invalid_value for 0 bytes, out_of_memory when the device (or
-  // max_reserved_bytes) refuses after every reclaim step, capture_without_pool on a stream
-  // captured without begin_capture_with_pool, capture_* codes for captures with a pool.
+  // max_reserved_bytes) refuses after every reclaim step (or the error of the reclaim's
+  // cudaDeviceSynchronize, when that failed), capture_without_pool on a stream captured without
+  // begin_capture_with_pool, capture_* codes for captures with a pool; an error a device call
+  // caused names the call and keeps CUDA's value (Error::cuda_error()).
   void* allocate(std::size_t bytes, cudaStream_t stream);
   // The same, reporting failure through `error` and returning nullptr.
   void* try_allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;

@@ -181,26 +181,32 @@ class PoolCore {
 
   // reclaim.cpp
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim
-  // ladder one step at a time and tries again after each.
+  // ladder one step at a time and tries again after each. Out of memory at the top of a ladder
+  // whose device synchronize failed reports that failure instead: it is the news (on a GPU,
+  // usually the sticky error of an earlier kernel), not the refusal it left standing.
   template <class Attempt>
   Block* with_reclaim(Attempt&& attempt, Failure& error) noexcept {
     error.clear();
     if (Block* b = attempt()) return b;
     if (error != Errc::out_of_memory) return nullptr;
     oom_retries_.fetch_add(1, std::memory_order_relaxed);
+    Failure step_failed;
     for (int step = 0; step < reclaim_steps; ++step) {
-      if (!reclaim(step)) continue;
+      if (!reclaim(step, step_failed)) continue;
       error.clear();
       if (Block* b = attempt()) return b;
       if (error != Errc::out_of_memory) return nullptr;
     }
+    if (step_failed && error == Errc::out_of_memory) error = step_failed;
     return nullptr;
   }
   static constexpr int reclaim_steps = 4;
-  bool reclaim(int step) noexcept;
+  // `failed`: set when the step's own device call failed.
+  bool reclaim(int step, Failure& failed) noexcept;
   // After a device synchronize every block dropped before it is clean: covers every timeline up
-  // to it and moves what that frees to the depot and the arena. False when not allowed now.
-  bool synchronize_and_reclaim() noexcept;
+  // to it and moves what that frees to the depot and the arena. False when not allowed now, or
+  // when the synchronize failed (then `failed`, if given, says how).
+  bool synchronize_and_reclaim(Failure* failed = nullptr) noexcept;
   // Retires idle streams now and then, and keeps the stranded-memory bound (docs/design.md,
   // "Streams"): synchronizes when it is passed.
   void reclaim_if_stranded() noexcept;
