@@ -23,7 +23,8 @@ void* PoolCore::allocate_raw(std::size_t bytes, cudaStream_t stream,
   return b->ptr;
 }
 
-void PoolCore::deallocate_raw(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
+void PoolCore::deallocate_raw(void* ptr, [[maybe_unused]] std::size_t bytes,
+                              cudaStream_t stream) noexcept {
   if (ptr == nullptr) return;
   RawShard& shard = raw_[(reinterpret_cast<std::uintptr_t>(ptr) >> 8) % raw_shards];
   shard.lock.lock();
