@@ -215,3 +215,32 @@ TEST_CASE("frees that fail while the pool is destroyed do not leak its segments"
   CHECK(fake->live_allocations() == 0);
   CHECK(fake->live_bytes() == 0);
 }
+
+TEST_CASE("event destroys that fail while the pool is destroyed do not leak its events",
+          "[pool][faults]") {
+  auto fake = std::make_shared<FakeDevice>();
+  const int failures = GENERATE(1, 2, 3);
+  CAPTURE(failures);
+  {
+    auto options = test_options();
+    options.fence_every_free = true;  // a fence (an event) per drop
+    streampool::MemoryPool pool(fake, options);
+    cudaStream_t s = fake->create_stream();
+    cudaStream_t t = fake->create_stream();
+    for (cudaStream_t stream : {s, t, s}) {
+      Bytes buffer = Bytes::alloc_async(pool, 4096, stream);
+      fake->launch(stream, {{buffer.data(), buffer.byte_size(), true}});
+    }
+    fake->complete(t);
+    Bytes::alloc_async(pool, 4096, s).reset();  // more of s's fences
+    REQUIRE(fake->live_events() >= 2);
+    fake->fail_next(Call::event_destroy, failures);
+  }
+  // One refusal is retried at once; an event refused twice waits, with the pool, for the next
+  // safe point (as a segment whose free is refused does).
+  if (failures == 1) CHECK(fake->live_events() == 0);
+  fake->fail_next(Call::event_destroy, 0);
+  streampool::MemoryPool next(fake, test_options());
+  CHECK(fake->live_events() == 0);
+  CHECK(fake->live_allocations() == 0);
+}

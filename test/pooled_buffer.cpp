@@ -379,11 +379,10 @@ TEST_CASE("raw allocate and deallocate work as cudaMallocAsync and cudaFreeAsync
     fake.set_capacity(64 * MiB);
     REQUIRE(errc_thrown_by([&] { pool->allocate(100 * MiB, a); }) == Errc::out_of_memory);
   }
-  SECTION("deallocate of a null pointer, or of one the pool did not allocate, does nothing") {
+  SECTION("deallocate of a null pointer does nothing") {
+    // (Of a pointer the pool did not allocate: pool_raw_api.cpp, per build.)
     void* p = pool->allocate(100, a);
-    int not_ours = 0;
     pool->deallocate(nullptr, 100, a);
-    pool->deallocate(&not_ours, sizeof not_ours, a);
     REQUIRE(pool->stats().live_allocations.current == 1);
     pool->deallocate(p, 100, a);
     REQUIRE(pool->stats().live_allocations.current == 0);

@@ -132,9 +132,11 @@ class CapturedGraph {
   // Destroys the executable graph (CUDA finishes replays in flight first).
   ~CapturedGraph();
 
-  // Enqueues one replay on `stream`. Throws Error on failure.
+  // Enqueues one replay on `stream`. Throws Error on failure (naming cudaGraphLaunch, CUDA's
+  // error kept); the graph stays valid.
   void launch(cudaStream_t stream);
-  // Prepares the graph for launch on `stream` ahead of time.
+  // Prepares the graph for launch on `stream` ahead of time. Throws Error as launch does
+  // (naming cudaGraphUpload).
   void upload(cudaStream_t stream);
   std::uint64_t replay_count() const noexcept { return replays_; }
   bool valid() const noexcept { return exec_ != nullptr; }

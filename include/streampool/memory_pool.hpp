@@ -54,13 +54,21 @@ class MemoryPool {
 
   // Stream-ordered allocation, as cudaMallocAsync: the memory may be used by work on `stream` at
   // once. Throws Error: invalid_value for 0 bytes, out_of_memory when the device (or
-  // max_reserved_bytes) refuses after every reclaim step, capture_without_pool on a stream
-  // captured without begin_capture_with_pool, capture_* codes for captures with a pool.
+  // max_reserved_bytes) refuses after every reclaim step (or the error of the reclaim's
+  // cudaDeviceSynchronize, when that failed), capture_without_pool on a stream captured without
+  // begin_capture_with_pool, capture_* codes for captures with a pool; an error a device call
+  // caused names the call and keeps CUDA's value (Error::cuda_error()).
   void* allocate(std::size_t bytes, cudaStream_t stream);
   // The same, reporting failure through `error` and returning nullptr.
   void* try_allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;
   // Stream-ordered free, as cudaFreeAsync: the memory is reusable after the work enqueued on
-  // `stream` so far. `ptr` must come from allocate on this pool; `bytes` is the size asked for.
+  // `stream` so far. `ptr` must come from allocate on this pool and not be deallocated yet;
+  // `bytes` is the size asked for. A null `ptr` does nothing. Misuse the pool can see: a debug
+  // build (STREAMPOOL_DEBUG_CHECKS >= 1) prints it and aborts, for a `ptr` the pool does not
+  // hold (never from its allocate, a PooledBuffer's, or deallocated already) and for another
+  // `bytes` than allocated; a release build ignores the first (nothing is freed) and frees the
+  // whole allocation for the second. A double free of a pointer allocate has handed out again
+  // since frees the new allocation, in every build, as with cudaFreeAsync.
   void deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept;
 
   // Forget `stream`: its cached blocks become usable anywhere (after waiting for its work), and

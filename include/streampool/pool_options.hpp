@@ -36,12 +36,13 @@ struct PoolOptions {
   // (The defaults are what `streampool-bench tune --wide` chose on the GPT-2, ResNet-50 and
   // two-stream traces recorded on the H200 with the embedded workloads: bench/results/h200.md.)
   SizeClassConfig size_classes{512, 4, std::size_t{256} << 10, 256};
-  // Small blocks are carved from slabs of about this size (at least one block).
+  // Small blocks are carved from slabs of about this size (at least one block; at most 1 GiB).
   std::size_t slab_bytes = std::size_t{1} << 20;
-  // The large tier reserves device memory in segments of at least this size and serves larger
-  // requests best-fit from them, splitting and coalescing ranges.
+  // The large tier reserves device memory in segments of at least this size (at most 1 TiB) and
+  // serves larger requests best-fit from them, splitting and coalescing ranges.
   std::size_t segment_bytes = std::size_t{20} << 20;
-  // Large requests round up to a multiple of this (a power of two, at least the alignment).
+  // Large requests round up to a multiple of this (a power of two, at least the alignment, at
+  // most 1 TiB).
   std::size_t large_rounding = std::size_t{128} << 10;
   // Each stream keeps up to this many large ranges it dropped on a shelf of its own (0: none), and
   // a request on it of one's size (rounded to large_rounding) takes it back under the stream's
@@ -73,7 +74,7 @@ struct PoolOptions {
   bool cross_stream_wait = false;
   StreamChecks stream_checks = StreamChecks::full;
   // Pool-wide peaks of requested bytes are exact to within 2 x stats_granule per stream (0: exact,
-  // at the price of one shared atomic update per allocation and drop).
+  // at the price of one shared atomic update per allocation and drop; at most 1 TiB).
   std::size_t stats_granule = std::size_t{1} << 20;
   // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
   bool read_environment = true;
@@ -81,15 +82,20 @@ struct PoolOptions {
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
   // slab, segment, large_rounding, large_shelf, max_reserved, unfenced, unfenced_us, idle_ms,
   // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
-  // take a K, M or G suffix (binary).
-  // Throws Error(Errc::invalid_value) naming the bad key or value.
+  // take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
+  // ignored; a key given twice takes its later value (each value must be valid).
+  // Throws Error(Errc::invalid_value) naming the bad key or value: an unknown or empty key, an
+  // item without '=', a value that is empty, negative, not a number, too large for its field,
+  // or, through validate(), options the pool cannot use (the key and its limit named).
   static PoolOptions parse(std::string_view conf, const PoolOptions& base);
   static PoolOptions parse(std::string_view conf);
   // `base` with STREAMPOOL_CONF applied, if it is set.
   static PoolOptions from_environment(const PoolOptions& base);
   // The conf line that parse() turns back into these options.
   std::string to_conf() const;
-  // Why these options are unusable, or an empty string.
+  // Why these options are unusable, or an empty string: the size classes (size_classes.hpp),
+  // large_rounding a power of two from the alignment to 1 TiB, slab from 1 byte to 1 GiB,
+  // segment from 1 byte to 1 TiB, stats_granule at most 1 TiB.
   std::string validate() const;
 
   friend bool operator==(const PoolOptions&, const PoolOptions&) = default;

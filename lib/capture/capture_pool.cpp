@@ -380,13 +380,15 @@ void CapturedGraph::destroy() noexcept {
 void CapturedGraph::launch(cudaStream_t stream) {
   if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::launch: no graph");
   safe_point();
-  throw_on_cuda_error(device_->graph_launch(exec_, stream), "CapturedGraph::launch");
+  throw_on_cuda_error(device_->graph_launch(exec_, stream),
+                      "CapturedGraph::launch: cudaGraphLaunch");
   ++replays_;
 }
 
 void CapturedGraph::upload(cudaStream_t stream) {
   if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::upload: no graph");
-  throw_on_cuda_error(device_->graph_upload(exec_, stream), "CapturedGraph::upload");
+  throw_on_cuda_error(device_->graph_upload(exec_, stream),
+                      "CapturedGraph::upload: cudaGraphUpload");
 }
 
 cudaGraphExec_t CapturedGraph::release() noexcept {

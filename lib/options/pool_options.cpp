@@ -156,8 +156,25 @@ std::string PoolOptions::validate() const {
     return fmt::format("large_rounding ({}) must be a power of two of at least the alignment ({})",
                        large_rounding, size_classes.alignment);
   }
-  if (slab_bytes == 0) return "slab must be positive";
-  if (segment_bytes == 0) return "segment must be positive";
+  // Bounds that keep the pool's sums exact: a slab's block count and its rounded size, a
+  // segment's size and the limit checks on it, twice the stats granule as a signed count. Larger
+  // values passed here before and then overflowed (slab=SIZE_MAX carved empty slabs: allocations
+  // returned an empty buffer and no error). A slab's blocks are host records too: a 1 GiB slab of
+  // 512-byte blocks is two million of them.
+  constexpr std::size_t GiB = std::size_t{1} << 30;
+  constexpr std::size_t TiB = std::size_t{1} << 40;
+  if (large_rounding > TiB) {
+    return fmt::format("large_rounding ({} bytes) must be at most 1 TiB", large_rounding);
+  }
+  if (slab_bytes == 0 || slab_bytes > GiB) {
+    return fmt::format("slab ({} bytes) must be positive and at most 1 GiB", slab_bytes);
+  }
+  if (segment_bytes == 0 || segment_bytes > TiB) {
+    return fmt::format("segment ({} bytes) must be positive and at most 1 TiB", segment_bytes);
+  }
+  if (stats_granule > TiB) {
+    return fmt::format("stats_granule ({} bytes) must be at most 1 TiB", stats_granule);
+  }
   if (large_shelf > max_large_shelf) {
     return fmt::format("large_shelf ({}) must be at most {}", large_shelf, max_large_shelf);
   }

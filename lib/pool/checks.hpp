@@ -12,8 +12,13 @@
 #define STREAMPOOL_DEBUG_CHECKS 0
 #endif
 
+#include <string>
+
 namespace streampool::detail {
 [[noreturn]] void check_failed(const char* condition, const char* file, int line) noexcept;
+// A caller broke the API's contract in a way the pool can see (a raw deallocate of a pointer it
+// does not hold, or with another size): debug builds print `what` and abort, as a failed check.
+[[noreturn]] void misuse(const std::string& what) noexcept;
 }  // namespace streampool::detail
 
 #if STREAMPOOL_DEBUG_CHECKS >= 1

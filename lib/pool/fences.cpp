@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <limits>
+#include <utility>
 
 namespace streampool::detail {
 
@@ -42,6 +43,11 @@ cudaEvent_t EventPool::take() noexcept {
   }
   cudaEvent_t event = nullptr;
   return device_.event_create(&event) == cudaSuccess ? event : nullptr;
+}
+
+std::vector<cudaEvent_t> EventPool::drain() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(idle_, {});
 }
 
 void EventPool::give(cudaEvent_t event) noexcept {

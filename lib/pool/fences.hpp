@@ -46,6 +46,8 @@ class EventPool {
 
   cudaEvent_t take() noexcept;  // null when none can be created
   void give(cudaEvent_t event) noexcept;
+  // Hands over every idle event, for the caller to destroy (the pool's destruction).
+  std::vector<cudaEvent_t> drain() noexcept;
 
  private:
   Device& device_;

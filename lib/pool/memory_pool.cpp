@@ -56,8 +56,8 @@ void* MemoryPool::try_allocate(std::size_t bytes, cudaStream_t stream,
   return ptr;
 }
 
-void MemoryPool::deallocate(void* ptr, std::size_t, cudaStream_t stream) noexcept {
-  core_->deallocate_raw(ptr, stream);
+void MemoryPool::deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
+  core_->deallocate_raw(ptr, bytes, stream);
 }
 
 void MemoryPool::release_stream(cudaStream_t stream) { core_->release_stream(stream); }

@@ -9,8 +9,8 @@ namespace streampool::detail {
 namespace {
 
 // Cores whose destruction calls_allowed() forbade (it synchronizes the device and frees
-// memory), or whose segments the device refused to free: destroyed at the next safe point
-// (bury_dead_pools), which tries the frees again.
+// memory), or whose segments (or events) the device refused to free (destroy): destroyed at the
+// next safe point (bury_dead_pools), which tries the frees and destroys again.
 struct Graveyard {
   std::mutex mutex;
   std::vector<PoolCore*> dead;
@@ -24,6 +24,11 @@ Graveyard& graveyard() {
 
 void check_failed(const char* condition, const char* file, int line) noexcept {
   std::fprintf(stderr, "streampool: invariant broken at %s:%d: %s\n", file, line, condition);
+  std::abort();
+}
+
+void misuse(const std::string& what) noexcept {
+  std::fprintf(stderr, "streampool: misuse: %s\n", what.c_str());
   std::abort();
 }
 
@@ -53,18 +58,39 @@ bool PoolCore::release_device_memory() noexcept {
     // Every buffer is gone. Pending work may still use cached memory: wait for it before
     // freeing. (If the device cannot synchronize, freeing is still right: cudaFree waits.)
     device_->device_synchronize();
-    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-      for (const Fence& fence : s->fences) {
-        if (fence.event != nullptr) device_->event_destroy(fence.event);
+    // The fences' events and the idle ones: each destroyed below, and an event the device
+    // refuses to destroy kept to be tried again, as a segment is.
+    std::vector<cudaEvent_t> idle = events_.drain();
+    try {
+      for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+        for (const Fence& fence : s->fences) {
+          if (fence.event != nullptr) undestroyed_events_.push_back(fence.event);
+        }
+        s->fences.clear();
       }
+      undestroyed_events_.insert(undestroyed_events_.end(), idle.begin(), idle.end());
+    } catch (const std::bad_alloc&) {
+      // No room to list them: each destroyed once, here (a refusal leaks that event).
+      for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+        for (const Fence& fence : s->fences) {
+          if (fence.event != nullptr) device_->event_destroy(fence.event);
+        }
+        s->fences.clear();
+      }
+      for (cudaEvent_t event : idle) device_->event_destroy(event);
+      undestroyed_events_.clear();
     }
     synchronized_at_end_ = true;
   }
-  bool all = true;
+  // Once more at once where the first attempt failed, then at the next safe point: nothing else
+  // will ever destroy it (for events and segments alike).
+  std::erase_if(undestroyed_events_, [&](cudaEvent_t event) {
+    return device_->event_destroy(event) == cudaSuccess ||
+           device_->event_destroy(event) == cudaSuccess;
+  });
+  bool all = undestroyed_events_.empty();
   for (const auto& segment : large_.segments()) {
     if (segment->base == nullptr) continue;  // freed by an earlier attempt
-    // Once more at once where the first attempt failed, then at the next safe point: nothing
-    // else will ever free it.
     if (device_->free(segment->base) == cudaSuccess || device_->free(segment->base) == cudaSuccess) {
       count_device_free(segment->size);
       segment->base = nullptr;

@@ -80,7 +80,8 @@ class PoolCore {
   void record_stream(Block* block, cudaStream_t stream);
   // raw_api.cpp
   void* allocate_raw(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
-  void deallocate_raw(void* ptr, cudaStream_t stream) noexcept;
+  // `bytes`: the size the caller says it allocated (checked in debug builds).
+  void deallocate_raw(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept;
   // reclaim.cpp
   void release_stream(cudaStream_t stream);
   void trim(std::size_t bytes_to_keep);
@@ -181,26 +182,32 @@ class PoolCore {
 
   // reclaim.cpp
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim
-  // ladder one step at a time and tries again after each.
+  // ladder one step at a time and tries again after each. Out of memory at the top of a ladder
+  // whose device synchronize failed reports that failure instead: it is the news (on a GPU,
+  // usually the sticky error of an earlier kernel), not the refusal it left standing.
   template <class Attempt>
   Block* with_reclaim(Attempt&& attempt, Failure& error) noexcept {
     error.clear();
     if (Block* b = attempt()) return b;
     if (error != Errc::out_of_memory) return nullptr;
     oom_retries_.fetch_add(1, std::memory_order_relaxed);
+    Failure step_failed;
     for (int step = 0; step < reclaim_steps; ++step) {
-      if (!reclaim(step)) continue;
+      if (!reclaim(step, step_failed)) continue;
       error.clear();
       if (Block* b = attempt()) return b;
       if (error != Errc::out_of_memory) return nullptr;
     }
+    if (step_failed && error == Errc::out_of_memory) error = step_failed;
     return nullptr;
   }
   static constexpr int reclaim_steps = 4;
-  bool reclaim(int step) noexcept;
+  // `failed`: set when the step's own device call failed.
+  bool reclaim(int step, Failure& failed) noexcept;
   // After a device synchronize every block dropped before it is clean: covers every timeline up
-  // to it and moves what that frees to the depot and the arena. False when not allowed now.
-  bool synchronize_and_reclaim() noexcept;
+  // to it and moves what that frees to the depot and the arena. False when not allowed now, or
+  // when the synchronize failed (then `failed`, if given, says how).
+  bool synchronize_and_reclaim(Failure* failed = nullptr) noexcept;
   // Retires idle streams now and then, and keeps the stranded-memory bound (docs/design.md,
   // "Streams"): synchronizes when it is passed.
   void reclaim_if_stranded() noexcept;
@@ -272,8 +279,9 @@ class PoolCore {
   // Destroys the core once release_device_memory() succeeds; until then it waits in the
   // graveyard for the next safe point (bury_dead_pools).
   void destroy() noexcept;
-  // Waits for the device and gives back every segment; false when the device refused a free
-  // (the segments it did free are not freed again). [no other thread]
+  // Waits for the device, destroys every event and gives back every segment; false when the
+  // device refused a free or an event destroy (twice in a row): what it did free or destroy is
+  // not again, the rest is tried again at the next call. [no other thread]
   bool release_device_memory() noexcept;
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
@@ -328,6 +336,7 @@ class PoolCore {
   bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
   bool synchronized_at_end_ = false;  // release_device_memory ran its first part [destroy()]
+  std::vector<cudaEvent_t> undestroyed_events_;  // events it has yet to destroy [destroy()]
 
   friend class StreamRegistry;
   friend void bury_dead_pools() noexcept;

@@ -1,6 +1,8 @@
 // The raw-pointer API: MemoryPool::allocate and deallocate, as cudaMallocAsync and cudaFreeAsync.
 #include "pool_core.hpp"
 
+#include <fmt/format.h>
+
 namespace streampool::detail {
 
 void* PoolCore::allocate_raw(std::size_t bytes, cudaStream_t stream,
@@ -21,15 +23,33 @@ void* PoolCore::allocate_raw(std::size_t bytes, cudaStream_t stream,
   return b->ptr;
 }
 
-void PoolCore::deallocate_raw(void* ptr, cudaStream_t stream) noexcept {
+void PoolCore::deallocate_raw(void* ptr, [[maybe_unused]] std::size_t bytes,
+                              cudaStream_t stream) noexcept {
   if (ptr == nullptr) return;
   RawShard& shard = raw_[(reinterpret_cast<std::uintptr_t>(ptr) >> 8) % raw_shards];
   shard.lock.lock();
   const auto found = shard.blocks.find(ptr);
   Block* b = found != shard.blocks.end() ? found->second : nullptr;
-  if (b != nullptr) shard.blocks.erase(found);
+  if (b != nullptr) {
+#if STREAMPOOL_DEBUG_CHECKS >= 1
+    if (b->requested != bytes) {
+      shard.lock.unlock();
+      misuse(fmt::format("deallocate({}, {} bytes, stream {}): allocated with {} bytes", ptr,
+                         bytes, static_cast<const void*>(stream), b->requested));
+    }
+#endif
+    shard.blocks.erase(found);
+  }
   shard.lock.unlock();
-  if (b == nullptr) return;  // not ours: nothing safe to do
+  if (b == nullptr) {
+    // Not ours, or ours no longer: nothing safe to do (memory_pool.hpp).
+#if STREAMPOOL_DEBUG_CHECKS >= 1
+    misuse(fmt::format("deallocate({}, {} bytes, stream {}): not allocated by this pool's "
+                       "allocate, or already deallocated",
+                       ptr, bytes, static_cast<const void*>(stream)));
+#endif
+    return;
+  }
   // The stream the free is ordered on. One behind the gate is known to the gate without asking
   // its id; one that cannot be identified is a use nothing but a device synchronize covers.
   Failure error;

@@ -142,7 +142,7 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
   make_clean(clean);
 }
 
-bool PoolCore::synchronize_and_reclaim() noexcept {
+bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   if (!calls_allowed(Restricted::device_sync)) return false;
   std::lock_guard<std::mutex> reclaimer(reclaim_mutex_);
   // Asked again: a capture may have begun while this thread waited for the mutex.
@@ -167,7 +167,10 @@ bool PoolCore::synchronize_and_reclaim() noexcept {
   }
   stranded_bytes_.store(0, std::memory_order_relaxed);
   lost_streams_.store(0, std::memory_order_relaxed);
-  if (device_->device_synchronize() != cudaSuccess) return false;
+  if (const cudaError_t status = device_->device_synchronize(); status != cudaSuccess) {
+    if (failed != nullptr) *failed = Failure::of(status, "cudaDeviceSynchronize");
+    return false;
+  }
   std::uint64_t done = device_timeline_.completed.load(std::memory_order_relaxed);
   while (done < sync + 1 &&
          !device_timeline_.completed.compare_exchange_weak(done, sync + 1,
@@ -231,7 +234,7 @@ void PoolCore::reclaim_if_stranded() noexcept {
   synchronize_and_reclaim();
 }
 
-bool PoolCore::reclaim(int step) noexcept {
+bool PoolCore::reclaim(int step, Failure& failed) noexcept {
   switch (step) {
     case 0:
       unshelve_all();
@@ -241,7 +244,7 @@ bool PoolCore::reclaim(int step) noexcept {
     case 3:
       return large_.release_free_segments(0) != 0;
     case 2:
-      return synchronize_and_reclaim();
+      return synchronize_and_reclaim(&failed);
   }
   return false;
 }

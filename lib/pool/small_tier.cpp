@@ -136,10 +136,14 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
 }
 
 Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, Failure& error) noexcept {
+  // No sum here overflows: validate() bounds the slab to 1 GiB and a block, like the rounding,
+  // to 1 TiB, so per_slab * block <= max(slab, block) and the rounded range < 2^42. (Unbounded,
+  // slab=SIZE_MAX rounded to an empty range and handed out a block of no slab.)
   const std::size_t block = pool_.classes().block_size(size_class);
   const std::size_t per_slab = options_.slab_bytes > block ? options_.slab_bytes / block : 1;
   const std::size_t rounding = options_.large_rounding;
   const std::size_t range_bytes = (per_slab * block + rounding - 1) / rounding * rounding;
+  STREAMPOOL_ASSERT(range_bytes >= block && range_bytes / block >= per_slab);
   std::unique_ptr<Slab> slab;
   try {
     slab = std::make_unique<Slab>();
