@@ -3,7 +3,7 @@
 #
 #   cmake -DCONSUMER=find_package|add_subdirectory -DSOURCE_DIR=<streampool source>
 #         -DBUILD_DIR=<streampool build> -DWORK_DIR=<scratch> -DGENERATOR=<generator>
-#         [-DCUDA_COMPILER=<nvcc>] -P run.cmake
+#         [-DCUDA_COMPILER=<nvcc>] [-DPREFIX_PATH=<dir>|<dir>...] -P run.cmake
 #
 # find_package: installs BUILD_DIR (`cmake --install`, nothing rebuilt) under WORK_DIR/prefix,
 # builds test/consumers/find_package against it in Release and runs its programs, then checks
@@ -51,6 +51,19 @@ endfunction()
 set(work ${WORK_DIR}/${CONSUMER})
 file(REMOVE_RECURSE ${work})
 
+# Where the consumers look for packages: the streampool installed here (find_package), then the
+# streampool build's own CMAKE_PREFIX_PATH (its dependencies), through the environment, whose
+# ':'-separated list needs no quoting through execute_process.
+string(REPLACE "|" ";" prefixes "${PREFIX_PATH}")
+if(CONSUMER STREQUAL "find_package")
+  list(PREPEND prefixes ${work}/prefix)
+endif()
+if(DEFINED ENV{CMAKE_PREFIX_PATH})
+  list(APPEND prefixes $ENV{CMAKE_PREFIX_PATH})
+endif()
+list(JOIN prefixes ":" joined)
+set(ENV{CMAKE_PREFIX_PATH} "${joined}")
+
 if(CONSUMER STREQUAL "find_package")
   check_readme(find_package ${here}/find_package/CMakeLists.txt)
   run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${work}/prefix)
@@ -58,7 +71,7 @@ if(CONSUMER STREQUAL "find_package")
     run(${work}/prefix/bin/streampool-bench --help)
   endif()
   run(${CMAKE_COMMAND} -S ${here}/find_package -B ${work}/build ${common}
-      -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${work}/prefix)
+      -DCMAKE_BUILD_TYPE=Release)
   run(${CMAKE_COMMAND} --build ${work}/build)
   run(${work}/build/app)
   run(${work}/build/app_tests)
@@ -69,7 +82,7 @@ if(CONSUMER STREQUAL "find_package")
     list(GET case 0 wanted)
     list(GET case 1 expected)
     run(${CMAKE_COMMAND} -S ${here}/version -B ${work}/version-${wanted} -G ${GENERATOR}
-        -DCMAKE_PREFIX_PATH=${work}/prefix -DWANTED=${wanted} -DEXPECT_FOUND=${expected})
+        -DWANTED=${wanted} -DEXPECT_FOUND=${expected})
   endforeach()
 elseif(CONSUMER STREQUAL "add_subdirectory")
   check_readme(add_subdirectory ${here}/add_subdirectory/CMakeLists.txt)
