@@ -9,8 +9,9 @@
 # builds test/consumers/find_package against it in Release and runs its programs, then checks
 # which versions the package says it satisfies. add_subdirectory: builds
 # test/consumers/add_subdirectory with streampool's source tree inside it, as a shared library
-# and in Debug, runs its programs, and configures it once more without a build type, which must
-# stay empty. Both check that the README shows their snippet word for word.
+# and in Debug, runs its programs, configures it once more without a build type, which must stay
+# empty, then installs the shared libraries it built and builds the find_package consumer against
+# them. Both check that the README shows their snippet word for word. Single-config generators.
 cmake_minimum_required(VERSION 3.25)
 
 foreach(var CONSUMER SOURCE_DIR BUILD_DIR WORK_DIR GENERATOR)
@@ -51,18 +52,30 @@ endfunction()
 set(work ${WORK_DIR}/${CONSUMER})
 file(REMOVE_RECURSE ${work})
 
-# Where the consumers look for packages: the streampool installed here (find_package), then the
-# streampool build's own CMAKE_PREFIX_PATH (its dependencies), through the environment, whose
-# ':'-separated list needs no quoting through execute_process.
-string(REPLACE "|" ";" prefixes "${PREFIX_PATH}")
-if(CONSUMER STREQUAL "find_package")
-  list(PREPEND prefixes ${work}/prefix)
-endif()
+# Where the consumers look for packages: the streampool installed by this script (when there is
+# one), then the streampool build's own CMAKE_PREFIX_PATH (its dependencies). Through the
+# environment, whose ':'-separated list needs no quoting through execute_process.
+string(REPLACE "|" ";" dependency_prefixes "${PREFIX_PATH}")
 if(DEFINED ENV{CMAKE_PREFIX_PATH})
-  list(APPEND prefixes $ENV{CMAKE_PREFIX_PATH})
+  list(APPEND dependency_prefixes $ENV{CMAKE_PREFIX_PATH})
 endif()
-list(JOIN prefixes ":" joined)
-set(ENV{CMAKE_PREFIX_PATH} "${joined}")
+function(look_in prefix)
+  set(prefixes ${prefix} ${dependency_prefixes})
+  list(JOIN prefixes ":" joined)
+  set(ENV{CMAKE_PREFIX_PATH} "${joined}")
+endfunction()
+
+# The find_package consumer against the streampool installed under `prefix`, built in `build`.
+function(build_find_package_consumer prefix build)
+  look_in(${prefix})
+  run(${CMAKE_COMMAND} -S ${here}/find_package -B ${build} ${common} -DCMAKE_BUILD_TYPE=Release)
+  run(${CMAKE_COMMAND} --build ${build})
+  run(${build}/app)
+  run(${build}/app_tests)
+  if(CUDA_COMPILER)
+    run(${build}/app_cuda)
+  endif()
+endfunction()
 
 if(CONSUMER STREQUAL "find_package")
   check_readme(find_package ${here}/find_package/CMakeLists.txt)
@@ -70,14 +83,7 @@ if(CONSUMER STREQUAL "find_package")
   if(EXISTS ${BUILD_DIR}/bench/streampool-bench)
     run(${work}/prefix/bin/streampool-bench --help)
   endif()
-  run(${CMAKE_COMMAND} -S ${here}/find_package -B ${work}/build ${common}
-      -DCMAKE_BUILD_TYPE=Release)
-  run(${CMAKE_COMMAND} --build ${work}/build)
-  run(${work}/build/app)
-  run(${work}/build/app_tests)
-  if(CUDA_COMPILER)
-    run(${work}/build/app_cuda)
-  endif()
+  build_find_package_consumer(${work}/prefix ${work}/build)
   foreach(case "0.2;YES" "0.2.0;YES" "0.1;NO" "0.3;NO" "1.0;NO")
     list(GET case 0 wanted)
     list(GET case 1 expected)
@@ -86,6 +92,7 @@ if(CONSUMER STREQUAL "find_package")
   endforeach()
 elseif(CONSUMER STREQUAL "add_subdirectory")
   check_readme(add_subdirectory ${here}/add_subdirectory/CMakeLists.txt)
+  look_in("")
   run(${CMAKE_COMMAND} -S ${here}/add_subdirectory -B ${work}/debug ${common}
       -DCMAKE_BUILD_TYPE=Debug -DSTREAMPOOL_SOURCE_DIR=${SOURCE_DIR})
   run(${CMAKE_COMMAND} --build ${work}/debug)
@@ -97,6 +104,11 @@ elseif(CONSUMER STREQUAL "add_subdirectory")
   # Release. Configuring is enough, the project checks it.
   run(${CMAKE_COMMAND} -S ${here}/add_subdirectory -B ${work}/none ${common}
       -DSTREAMPOOL_SOURCE_DIR=${SOURCE_DIR})
+  # The shared libraries just built, installed as a package (streampool's install rules are the
+  # parent's): the find_package consumer links them from there, as the other test does the
+  # static ones.
+  run(${CMAKE_COMMAND} --install ${work}/debug --prefix ${work}/shared-prefix)
+  build_find_package_consumer(${work}/shared-prefix ${work}/find_package-shared)
 else()
   message(FATAL_ERROR "run.cmake: unknown CONSUMER '${CONSUMER}'")
 endif()
