@@ -161,7 +161,8 @@ class STREAMPOOL_API CapturedGraph {
 // capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
 // cannot begin; a capture that began but could not be bound is ended again, as
 // end_capture_with_pool ends one that fails.
-STREAMPOOL_API void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+STREAMPOOL_API void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
+                                            cudaStream_t stream,
                                             CaptureMode mode = CaptureMode::global);
 // Ends the capture and instantiates the graph. The stream leaves capture whatever CUDA answers
 // the end: a failed end is followed by others (discarding what was captured) until CUDA reports

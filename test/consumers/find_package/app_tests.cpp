@@ -4,12 +4,12 @@
 
 #include <cstdio>
 
-#define EXPECT(condition)                                                  \
-  do {                                                                     \
-    if (!(condition)) {                                                    \
+#define EXPECT(condition)                                                          \
+  do {                                                                             \
+    if (!(condition)) {                                                            \
       std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #condition); \
-      return 1;                                                            \
-    }                                                                      \
+      return 1;                                                                    \
+    }                                                                              \
   } while (0)
 
 int main() {
@@ -38,7 +38,7 @@ int main() {
 
   pool.release_stream(stream);
   device->destroy_stream(stream);
-  std::printf("streampool %s on the fake device: %s\n",
-              std::string(streampool::version()).c_str(), streampool::to_string(pool.stats()).c_str());
+  std::printf("streampool %s on the fake device: %s\n", std::string(streampool::version()).c_str(),
+              streampool::to_string(pool.stats()).c_str());
   return 0;
 }
