@@ -33,9 +33,10 @@ for kind in "${kinds[@]}"; do
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
   cmake --build "$build" --target streampool_tests
   built=$SECONDS
-  # Every test case CTest knows of the executable (the GPU tests and the header check are other
-  # executables, not built here).
-  ctest --test-dir "$build" --output-on-failure -E '^(gpu|headers\..*|example\..*)$' \
+  # Every test case CTest knows of the executable (the GPU tests, the header check and the
+  # consumer projects need what is not built here).
+  ctest --test-dir "$build" --output-on-failure \
+    -E '^(gpu|headers\..*|example\..*|consumer\..*)$' \
     --no-tests=error --parallel "${CTEST_PARALLEL_LEVEL:-$(nproc)}"
   echo "== $kind: built in $((built - start)) s, tests ran in $((SECONDS - built)) s" >&2
 done

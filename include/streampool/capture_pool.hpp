@@ -49,6 +49,7 @@
 #pragma once
 
 #include <streampool/device.hpp>
+#include <streampool/export.hpp>
 #include <streampool/memory_pool.hpp>
 
 #include <cstddef>
@@ -65,7 +66,7 @@ namespace detail {
 class CaptureBinding;
 }
 
-class CapturePool {
+class STREAMPOOL_API CapturePool {
  public:
   explicit CapturePool(MemoryPool& source);
   // Drops the registered buffers in registration order, then returns the private memory. If a
@@ -122,7 +123,7 @@ class CapturePool {
 };
 
 // An instantiated graph captured with a CapturePool. Holds its own reference to the pool.
-class CapturedGraph {
+class STREAMPOOL_API CapturedGraph {
  public:
   CapturedGraph() = default;
   CapturedGraph(CapturedGraph&& other) noexcept;
@@ -162,19 +163,21 @@ class CapturedGraph {
 // capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
 // cannot begin; a capture that began but could not be bound is ended again, as
 // end_capture_with_pool ends one that fails.
-void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
-                             CaptureMode mode = CaptureMode::global);
+STREAMPOOL_API void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
+                                            cudaStream_t stream,
+                                            CaptureMode mode = CaptureMode::global);
 // Ends the capture and instantiates the graph. The stream leaves capture whatever CUDA answers
 // the end: a failed end is followed by others (discarding what was captured) until CUDA reports
 // the stream out of capture. Only if CUDA refuses all of them (four) does the stream stay
 // capturing, and then it stays bound to `pool`, as before the call: end it again.
 // Throws Error: capture_mismatch when `stream` is not being captured with `pool`,
 // capture_invalidated when the capture was invalidated, CUDA's error otherwise.
-CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool);
+STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
+                                                  std::shared_ptr<CapturePool> pool);
 
 // Completes releases that graphs handed to the library (see the lifetime rules above). The
 // library calls it at its own safe points; call it to have them sooner, or after the last
 // MemoryPool of the program is gone while graphs of it were still replaying.
-void complete_graph_releases() noexcept;
+STREAMPOOL_API void complete_graph_releases() noexcept;
 
 }  // namespace streampool

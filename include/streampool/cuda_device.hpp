@@ -2,10 +2,11 @@
 #pragma once
 
 #include <streampool/device.hpp>
+#include <streampool/export.hpp>
 
 namespace streampool {
 
-class CudaDevice final : public Device {
+class STREAMPOOL_API CudaDevice final : public Device {
  public:
   // Throws streampool::Error (Errc::no_device, with CUDA's own message) when there is no driver,
   // no GPU, or no GPU of this ordinal. Does not change the calling thread's current device.

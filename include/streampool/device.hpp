@@ -14,6 +14,8 @@
 // thread, and leaves the caller's current device as it found it.
 #pragma once
 
+#include <streampool/export.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -39,7 +41,7 @@ enum class CaptureMode { global, thread_local_, relaxed };
 
 enum class CaptureStatus { none, active, invalidated };
 
-class Device {
+class STREAMPOOL_API Device {
  public:
   virtual ~Device() = default;
 
@@ -54,7 +56,7 @@ class Device {
 // A Device that passes every call on to another one. It is the base of the decorators that wrap
 // a device (the pool's reserved-memory limit) and of test hooks, which override only the calls
 // they change and call the base for the rest.
-class ForwardingDevice : public Device {
+class STREAMPOOL_API ForwardingDevice : public Device {
  public:
   // Requires a non-null `inner`.
   explicit ForwardingDevice(std::shared_ptr<Device> inner) noexcept : inner_(std::move(inner)) {}

@@ -7,6 +7,8 @@
 // said is lost on the way up.
 #pragma once
 
+#include <streampool/export.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -28,16 +30,16 @@ enum class Errc {
   device_error,          // any other CUDA error; the message carries CUDA's own
 };
 
-const std::error_category& category() noexcept;
+STREAMPOOL_API const std::error_category& category() noexcept;
 
 inline std::error_code make_error_code(Errc e) noexcept {
   return {static_cast<int>(e), category()};
 }
 
 // Maps a CUDA error to the library's code (cudaSuccess to Errc::success).
-Errc errc_from_cuda(cudaError_t status) noexcept;
+STREAMPOOL_API Errc errc_from_cuda(cudaError_t status) noexcept;
 
-class Error : public std::system_error {
+class STREAMPOOL_API Error : public std::system_error {
  public:
   Error(Errc code, const std::string& what);
   // `what` is prefixed to CUDA's own name and message, e.g.
@@ -59,10 +61,10 @@ class Error : public std::system_error {
 
 // "cudaErrorMemoryAllocation: out of memory": CUDA's own name and message (the runtime's tables
 // need no driver, so this works on a machine without a GPU too).
-std::string describe_cuda_error(cudaError_t status);
+STREAMPOOL_API std::string describe_cuda_error(cudaError_t status);
 
 // Throws Error(status, what) unless status is cudaSuccess.
-void throw_on_cuda_error(cudaError_t status, const std::string& what);
+STREAMPOOL_API void throw_on_cuda_error(cudaError_t status, const std::string& what);
 
 }  // namespace streampool
 

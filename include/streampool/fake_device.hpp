@@ -1,8 +1,9 @@
 // FakeDevice: a simulated GPU behind the Device seam, for tests on machines without one.
 //
-// It is part of the product: link streampool, build a FakeDevice, hand it to a MemoryPool (or use
-// it directly) and unit-test stream-ordered GPU code on any machine. It simulates, faithfully where
-// the correctness of stream-ordered allocation depends on it:
+// It is part of the product: link streampool::fake_device (a library of its own beside
+// streampool::streampool), build a FakeDevice, hand it to a MemoryPool (or use it directly) and
+// unit-test stream-ordered GPU code on any machine. It simulates, faithfully where the correctness
+// of stream-ordered allocation depends on it:
 //
 //   memory   addresses in a simulated device address space, 256-byte aligned and never reused,
 //            not backed by host memory unless Options::host_backed is set; a capacity past which
@@ -33,6 +34,7 @@
 #pragma once
 
 #include <streampool/device.hpp>
+#include <streampool/export.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +46,7 @@
 
 namespace streampool {
 
-class FakeDevice final : public Device {
+class STREAMPOOL_API FakeDevice final : public Device {
  public:
   struct Options {
     int ordinal = 0;

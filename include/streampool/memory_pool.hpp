@@ -30,6 +30,7 @@
 #pragma once
 
 #include <streampool/device.hpp>
+#include <streampool/export.hpp>
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 
@@ -44,7 +45,7 @@ class PoolCore;
 struct Block;
 }  // namespace detail
 
-class MemoryPool {
+class STREAMPOOL_API MemoryPool {
  public:
   // Throws Error(Errc::invalid_value) for bad options (or a bad STREAMPOOL_CONF).
   explicit MemoryPool(std::shared_ptr<Device> device, PoolOptions options = {});

@@ -3,6 +3,7 @@
 // a configuration found by `streampool-bench tune` applies without a rebuild.
 #pragma once
 
+#include <streampool/export.hpp>
 #include <streampool/size_classes.hpp>
 
 #include <cstddef>
@@ -30,7 +31,7 @@ enum class StreamChecks {
   full,
 };
 
-struct PoolOptions {
+struct STREAMPOOL_API PoolOptions {
   // Size classes of the small tier: requests up to size_classes.largest are cached per stream in
   // blocks of their class.
   // (The defaults are what `streampool-bench tune --wide` chose on the GPT-2, ResNet-50 and

@@ -2,6 +2,8 @@
 // <streampool/format.hpp> (kept apart: fmt 9's headers do not compile under nvcc 13).
 #pragma once
 
+#include <streampool/export.hpp>
+
 #include <cstdint>
 #include <string>
 
@@ -52,8 +54,8 @@ struct PoolBreakdown {
 };
 
 // One line naming every field; also what fmt prints (<streampool/format.hpp>).
-std::string to_string(const PoolStats& stats);
-std::string to_string(const PoolBreakdown& breakdown);
+STREAMPOOL_API std::string to_string(const PoolStats& stats);
+STREAMPOOL_API std::string to_string(const PoolBreakdown& breakdown);
 
 }  // namespace streampool
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <streampool/error.hpp>
+#include <streampool/export.hpp>
 #include <streampool/memory_pool.hpp>
 
 #include <cuda.h>
@@ -27,13 +28,14 @@ namespace streampool {
 
 namespace detail {
 // The pool's side of a PooledBuffer (lib/pool/memory_pool.cpp).
-Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
-                      std::error_code& error) noexcept;
-void* block_address(const Block* block) noexcept;
-void release_block(Block* block, cudaStream_t stream) noexcept;
-void record_block_stream(Block* block, cudaStream_t stream);
+STREAMPOOL_API Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
+                                     std::error_code& error) noexcept;
+STREAMPOOL_API void* block_address(const Block* block) noexcept;
+STREAMPOOL_API void release_block(Block* block, cudaStream_t stream) noexcept;
+STREAMPOOL_API void record_block_stream(Block* block, cudaStream_t stream);
 // Throws the Error MemoryPool::allocate would (a failed device call named, CUDA's error kept).
-Block* allocate_block_or_throw(MemoryPool& pool, std::size_t bytes, cudaStream_t stream);
+STREAMPOOL_API Block* allocate_block_or_throw(MemoryPool& pool, std::size_t bytes,
+                                              cudaStream_t stream);
 }  // namespace detail
 
 template <class T>

@@ -21,6 +21,8 @@
 // one under one alignment unit more than that.
 #pragma once
 
+#include <streampool/export.hpp>
+
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -39,7 +41,7 @@ struct SizeClassConfig {
 };
 
 // Why `config` is unusable, or an empty string when it is fine.
-std::string validate(const SizeClassConfig& config);
+STREAMPOOL_API std::string validate(const SizeClassConfig& config);
 
 class SizeClasses {
  public:

@@ -1,0 +1,42 @@
+// A consumer's CUDA source: nvcc compiles the headers (C++20 through the target) and a kernel
+// that writes a PooledBuffer. Its main runs on the fake device, and launches the kernel only
+// where there is a GPU.
+#include <streampool/streampool.hpp>
+
+#include <cstdio>
+
+__global__ void fill(float* data, std::size_t n, float value) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    data[i] = value;
+  }
+}
+
+int main() {
+  static_assert(__cplusplus >= 202002L, "the streampool target asks nvcc for C++20");
+  auto fake = std::make_shared<streampool::FakeDevice>();
+  {
+    streampool::MemoryPool pool(fake);
+    const cudaStream_t stream = fake->create_stream();
+    {
+      auto buffer = streampool::PooledBuffer<float>::alloc_async(pool, 256, stream);
+      if (buffer.byte_size() != 256 * sizeof(float)) return 1;
+    }
+    pool.release_stream(stream);
+    fake->destroy_stream(stream);
+  }
+  if (streampool::CudaDevice::count() == 0) {
+    std::puts("compiled by nvcc, ran on the fake device; no CUDA device for the kernel");
+    return 0;
+  }
+  streampool::MemoryPool pool(std::make_shared<streampool::CudaDevice>(0));
+  float first = 0;
+  {
+    auto buffer = streampool::PooledBuffer<float>::alloc_async(pool, 1 << 16, cudaStreamPerThread);
+    fill<<<64, 256, 0, cudaStreamPerThread>>>(buffer.data(), buffer.len(), 7.0f);
+    cudaMemcpyAsync(&first, buffer.data(), sizeof first, cudaMemcpyDeviceToHost,
+                    cudaStreamPerThread);
+    cudaStreamSynchronize(cudaStreamPerThread);
+  }
+  std::printf("kernel wrote %.1f\n", first);
+  return first == 7.0f ? 0 : 1;
+}
