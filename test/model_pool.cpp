@@ -22,6 +22,7 @@
 //                                to look past a failure that hides others; for the threads, the
 //                                names of pool_model::ConcurrentOptions::without
 //   STREAMPOOL_MODEL_IN_PROCESS=1  a replay runs in this process (for a debugger), not a child
+#include "fuzz/fuzz_options.hpp"
 #include "model/pool_model.hpp"
 
 #include <streampool/device.hpp>
@@ -29,8 +30,11 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -201,4 +205,29 @@ TEST_CASE("the reduced failures found on today's core (test/model/findings.txt) 
   }
   CAPTURE(entries);
   if (!failing.empty()) FAIL("still failing:\n" + failing);
+}
+
+TEST_CASE("every input of the fuzzer's seed corpus (test/fuzz/corpus) passes, run as the fuzzer "
+          "runs it",
+          "[model]") {
+  std::vector<std::filesystem::path> inputs;
+  for (const auto& entry : std::filesystem::directory_iterator(STREAMPOOL_FUZZ_CORPUS)) {
+    if (entry.is_regular_file()) inputs.push_back(entry.path());
+  }
+  std::sort(inputs.begin(), inputs.end());
+  REQUIRE_FALSE(inputs.empty());
+  std::string failing;
+  for (const auto& path : inputs) {
+    std::ifstream file(path, std::ios::binary);
+    const std::vector<std::uint8_t> input{std::istreambuf_iterator<char>(file),
+                                          std::istreambuf_iterator<char>()};
+    // In a child process, as the other replays: a crash of the pool is a failure like any.
+    const RunResult result = pool_model::run_bytes_isolated(input, pool_fuzz::run_options());
+    if (result.failure) {
+      failing += fmt::format("{}: {}: {}\n", path.filename().string(), result.failure->kind,
+                             result.failure->what);
+    }
+  }
+  CAPTURE(inputs.size());
+  if (!failing.empty()) FAIL("failing:\n" + failing);
 }
