@@ -6,11 +6,14 @@
 // after it (pool_fences.cpp, the slab carved from a range taken by waiting).
 //
 //   streampool_tests "[model]"             every seed; the first failure is printed with its log,
-//                                          reduced to a short operation sequence, and its input
+//                                          reduced to a short operation sequence, and its input;
+//                                          and the replays of test/model/findings.txt and of the
+//                                          fuzzer's seed corpus, test/fuzz/corpus (docs/fuzzing.md)
 //
 // Environment (all optional):
 //   STREAMPOOL_MODEL_SEED=n      only seed n, its whole log printed (pass or fail)
-//   STREAMPOOL_MODEL_BYTES=hex   replay this input (the "input" line of a failure)
+//   STREAMPOOL_MODEL_BYTES=hex   replay this input (the "input" line of a failure, or what the
+//                                fuzzer found), reduced too when it fails
 //   STREAMPOOL_MODEL_SEEDS=n     how many seeds (default 400; concurrent 20, churn 6 per policy),
 //                                from STREAMPOOL_MODEL_FIRST_SEED=n
 //   STREAMPOOL_MODEL_STEPS=n     operations per seed (default 250)
@@ -51,6 +54,12 @@ std::uint64_t env_number(const char* name, std::uint64_t fallback) {
 
 bool env_set(const char* name) { return std::getenv(name) != nullptr; }
 
+// A failure is reduced unless STREAMPOOL_MODEL_REDUCE=0.
+bool reducing() {
+  const char* reduce = std::getenv("STREAMPOOL_MODEL_REDUCE");
+  return reduce == nullptr || std::string(reduce) != "0";
+}
+
 // STREAMPOOL_MODEL_WITHOUT, split at commas.
 std::vector<std::string> without_list() {
   std::vector<std::string> names;
@@ -80,6 +89,11 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
                                  ? pool_model::run_bytes(input, options)
                                  : pool_model::run_bytes_isolated(input, options);
     WARN(pool_model::describe(result));
+    if (result.failure && reducing()) {
+      const RunResult reduced = pool_model::reduce(result, options);
+      WARN(fmt::format("reduced to {} operations:\n{}", reduced.log.size(),
+                       pool_model::describe(reduced)));
+    }
     REQUIRE_FALSE(result.failure);
     return;
   }
@@ -109,8 +123,7 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
     }
     std::string report = fmt::format("seed {} failed (replay: STREAMPOOL_MODEL_SEED={})\n{}", seed,
                                      seed, pool_model::describe(result, 40));
-    const char* reduce = std::getenv("STREAMPOOL_MODEL_REDUCE");
-    if (reduce == nullptr || std::string(reduce) != "0") {
+    if (reducing()) {
       const RunResult reduced = pool_model::reduce(result, options);
       report +=
           fmt::format("\nreduced to {} operations (replay: STREAMPOOL_MODEL_BYTES=<input>):\n{}",
