@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,8 @@
 
 namespace {
 
-pool_model::RunOptions options = pool_fuzz::run_options();
+// Set once, before the first input (LLVMFuzzerInitialize).
+pool_model::RunOptions fuzz_options = pool_fuzz::run_options();
 
 }  // namespace
 
@@ -28,7 +30,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const std::string list = value != nullptr ? value : "";
   for (std::size_t at = 0; at < list.size();) {
     const std::size_t comma = std::min(list.find(',', at), list.size());
-    if (comma > at) options.without.push_back(list.substr(at, comma - at));
+    if (comma > at) fuzz_options.without.push_back(list.substr(at, comma - at));
     at = comma + 1;
   }
   return 0;
@@ -36,7 +38,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const pool_model::RunResult result =
-      pool_model::run_bytes(std::span<const std::uint8_t>(data, size), options);
+      pool_model::run_bytes(std::span<const std::uint8_t>(data, size), fuzz_options);
   if (!result.failure) return 0;
   // The last operations, the failure, and how to replay it in the test suite.
   std::fputs(fmt::format("\n== model failure: {}: {}\n{}\nreplay: STREAMPOOL_MODEL_BYTES={} "
