@@ -40,13 +40,13 @@ status=0
   -artifact_prefix="$run/artifacts/" "$@" "$run/corpus" >"$run/log" 2>&1 || status=$?
 
 # The final stats, and the coverage of the last status line ("#N ... cov: C ft: F corp: ...").
-stat() { sed -n "s/^stat::$1: *//p" "$run/log" | tail -1; }
+final_stat() { sed -n "s/^stat::$1: *//p" "$run/log" | tail -1; }
 last=$(grep -E '^#[0-9]+' "$run/log" | tail -1 || true)
 figure() { sed -n "s/.* $1: \([^ ]*\).*/\1/p" <<<"$last"; }
-echo "== fuzz: ${seconds} s: $(stat number_of_executed_units) executions," \
-  "$(stat average_exec_per_sec) exec/s, cov: $(figure cov), ft: $(figure ft)," \
-  "corpus $(figure corp) ($(ls "$run/corpus" | wc -l) inputs, $(stat new_units_added) new)," \
-  "peak RSS $(stat peak_rss_mb) MB" >&2
+echo "== fuzz: ${seconds} s: $(final_stat number_of_executed_units) executions," \
+  "$(final_stat average_exec_per_sec) exec/s, cov: $(figure cov), ft: $(figure ft)," \
+  "corpus $(figure corp) ($(ls "$run/corpus" | wc -l) inputs, $(final_stat new_units_added) new)," \
+  "peak RSS $(final_stat peak_rss_mb) MB" >&2
 
 artifacts=("$run"/artifacts/*)
 if ((status != 0)) || [ -e "${artifacts[0]}" ]; then
