@@ -20,7 +20,7 @@ shift
 build="$root/build-fuzz"
 start=$SECONDS
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=clang++ -DSTREAMPOOL_BUILD_FUZZER=ON -DSTREAMPOOL_DEBUG_CHECKS=1 \
+  -DCMAKE_CXX_COMPILER=clang++ -DSTREAMPOOL_BUILD_FUZZER=ON -DSTREAMPOOL_DEBUG_CHECKS=2 \
   -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$build" --target streampool_fuzz
 echo "== fuzz: built in $((SECONDS - start)) s" >&2
