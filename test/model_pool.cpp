@@ -6,11 +6,14 @@
 // after it (pool_fences.cpp, the slab carved from a range taken by waiting).
 //
 //   streampool_tests "[model]"             every seed; the first failure is printed with its log,
-//                                          reduced to a short operation sequence, and its input
+//                                          reduced to a short operation sequence, and its input;
+//                                          and the replays of test/model/findings.txt and of the
+//                                          fuzzer's seed corpus, test/fuzz/corpus (docs/fuzzing.md)
 //
 // Environment (all optional):
 //   STREAMPOOL_MODEL_SEED=n      only seed n, its whole log printed (pass or fail)
-//   STREAMPOOL_MODEL_BYTES=hex   replay this input (the "input" line of a failure)
+//   STREAMPOOL_MODEL_BYTES=hex   replay this input (the "input" line of a failure, or what the
+//                                fuzzer found), reduced too when it fails
 //   STREAMPOOL_MODEL_SEEDS=n     how many seeds (default 400; concurrent 20, churn 6 per policy),
 //                                from STREAMPOOL_MODEL_FIRST_SEED=n
 //   STREAMPOOL_MODEL_STEPS=n     operations per seed (default 250)
@@ -22,6 +25,7 @@
 //                                to look past a failure that hides others; for the threads, the
 //                                names of pool_model::ConcurrentOptions::without
 //   STREAMPOOL_MODEL_IN_PROCESS=1  a replay runs in this process (for a debugger), not a child
+#include "fuzz/fuzz_options.hpp"
 #include "model/pool_model.hpp"
 
 #include <streampool/device.hpp>
@@ -29,8 +33,11 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -46,6 +53,12 @@ std::uint64_t env_number(const char* name, std::uint64_t fallback) {
 }
 
 bool env_set(const char* name) { return std::getenv(name) != nullptr; }
+
+// A failure is reduced unless STREAMPOOL_MODEL_REDUCE=0.
+bool reducing() {
+  const char* reduce = std::getenv("STREAMPOOL_MODEL_REDUCE");
+  return reduce == nullptr || std::string(reduce) != "0";
+}
 
 // STREAMPOOL_MODEL_WITHOUT, split at commas.
 std::vector<std::string> without_list() {
@@ -76,6 +89,11 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
                                  ? pool_model::run_bytes(input, options)
                                  : pool_model::run_bytes_isolated(input, options);
     WARN(pool_model::describe(result));
+    if (result.failure && reducing()) {
+      const RunResult reduced = pool_model::reduce(result, options);
+      WARN(fmt::format("reduced to {} operations:\n{}", reduced.log.size(),
+                       pool_model::describe(reduced)));
+    }
     REQUIRE_FALSE(result.failure);
     return;
   }
@@ -105,8 +123,7 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
     }
     std::string report = fmt::format("seed {} failed (replay: STREAMPOOL_MODEL_SEED={})\n{}", seed,
                                      seed, pool_model::describe(result, 40));
-    const char* reduce = std::getenv("STREAMPOOL_MODEL_REDUCE");
-    if (reduce == nullptr || std::string(reduce) != "0") {
+    if (reducing()) {
       const RunResult reduced = pool_model::reduce(result, options);
       report +=
           fmt::format("\nreduced to {} operations (replay: STREAMPOOL_MODEL_BYTES=<input>):\n{}",
@@ -201,4 +218,29 @@ TEST_CASE("the reduced failures found on today's core (test/model/findings.txt) 
   }
   CAPTURE(entries);
   if (!failing.empty()) FAIL("still failing:\n" + failing);
+}
+
+TEST_CASE("every input of the fuzzer's seed corpus (test/fuzz/corpus) passes, run as the fuzzer "
+          "runs it",
+          "[model]") {
+  std::vector<std::filesystem::path> inputs;
+  for (const auto& entry : std::filesystem::directory_iterator(STREAMPOOL_FUZZ_CORPUS)) {
+    if (entry.is_regular_file()) inputs.push_back(entry.path());
+  }
+  std::sort(inputs.begin(), inputs.end());
+  REQUIRE_FALSE(inputs.empty());
+  std::string failing;
+  for (const auto& path : inputs) {
+    std::ifstream file(path, std::ios::binary);
+    const std::vector<std::uint8_t> input{std::istreambuf_iterator<char>(file),
+                                          std::istreambuf_iterator<char>()};
+    // In a child process, as the other replays: a crash of the pool is a failure like any.
+    const RunResult result = pool_model::run_bytes_isolated(input, pool_fuzz::run_options());
+    if (result.failure) {
+      failing += fmt::format("{}: {}: {}\n", path.filename().string(), result.failure->kind,
+                             result.failure->what);
+    }
+  }
+  CAPTURE(inputs.size());
+  if (!failing.empty()) FAIL("failing:\n" + failing);
 }

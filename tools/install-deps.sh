@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages streampool builds with, when any is missing. The CUDA toolkit is
 # expected at /usr/local/cuda (or wherever CUDAToolkit_ROOT points); it is not a Debian package.
+# Usage: tools/install-deps.sh [fuzz]   (fuzz: also clang and its runtimes, libFuzzer among them,
+# for tools/fuzz.sh)
 set -euo pipefail
 packages=(cmake ninja-build g++ libfmt-dev catch2 zlib1g-dev)
+if [ "${1:-}" = fuzz ]; then
+  packages+=(clang libclang-rt-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

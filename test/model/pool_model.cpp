@@ -26,6 +26,7 @@
 #include <streampool/error.hpp>
 #include <streampool/memory_pool.hpp>
 #include <streampool/pool_options.hpp>
+#include <streampool/pool_stats.hpp>
 #include <streampool/pooled_buffer.hpp>
 #include <streampool/size_classes.hpp>
 
@@ -61,6 +62,7 @@ using streampool::CaptureStatus;
 using streampool::Errc;
 using streampool::FakeDevice;
 using streampool::MemoryPool;
+using streampool::PoolBreakdown;
 using streampool::PoolOptions;
 using streampool::PoolStats;
 using streampool::StreamChecks;
@@ -437,6 +439,7 @@ class Model {
   void check_overlaps();
   void check_pinned(const Buffer& b, int capturing_pool);
   void check_stats();
+  void check_breakdown();
   void check_bounds();
   void note_allocation(std::size_t bytes);
   std::size_t live_count() const;
@@ -1748,6 +1751,7 @@ void Model::check() {
   if (!failed()) check_captures();
   if (!failed()) check_overlaps();
   if (!failed()) check_stats();
+  if (!failed()) check_breakdown();
   if (!failed()) check_bounds();
 }
 
@@ -1916,6 +1920,28 @@ void Model::check_stats() {
          true);
   expect("reserved_bytes.peak", s.reserved_bytes.peak, s.reserved_bytes.current, false);
   expect("reserved_bytes.total", s.reserved_bytes.total, s.reserved_bytes.peak, false);
+}
+
+void Model::check_breakdown() {
+  // One thread at a time calls the pool here, so the walk's parts are one moment's and add up
+  // (pool_stats.hpp: every reserved byte is in a segment; slabs and free ranges are ranges of
+  // segments; free small blocks are pieces of slabs).
+  const PoolBreakdown b = pool_->breakdown();
+  const PoolStats s = pool_->stats();
+  const auto expect = [&](bool holds, const char* what) {
+    if (!failed() && !holds) fail("breakdown", fmt::format("{}: {}", what, streampool::to_string(b)));
+  };
+  const std::int64_t free_bytes = b.free_clean_bytes + b.free_owned_bytes;
+  expect(b.segment_bytes == s.reserved_bytes.current,
+         "the segments' bytes are not the reserved bytes of the stats");
+  expect((b.segments == 0) == (b.segment_bytes == 0), "segments without bytes, or bytes without");
+  expect(b.slab_bytes + free_bytes <= b.segment_bytes, "slabs and free ranges exceed the segments");
+  expect(b.small_cached_bytes + b.small_depot_bytes <= b.slab_bytes,
+         "free small blocks exceed the slabs");
+  expect((b.free_ranges == 0) == (free_bytes == 0), "free ranges without bytes, or bytes without");
+  expect(b.largest_free_range <= free_bytes, "the largest free range exceeds the free bytes");
+  expect((b.parked_blocks == 0) == (b.parked_bytes == 0), "parked blocks without bytes");
+  expect(b.parked_bytes <= b.segment_bytes, "parked blocks exceed the segments");
 }
 
 void Model::check_bounds() {

@@ -17,6 +17,8 @@
 //   stats       pool_stats.hpp's counters agree with the model: exact where no CapturePool holds
 //               memory (peaks exact with stats_granule 0, within two granules per live stream
 //               otherwise), lower bounds where one does; reserved bytes are the fake's live bytes
+//   breakdown   MemoryPool::breakdown() adds up: its segments hold the reserved bytes, and the
+//               slabs, free ranges, free small blocks and parked blocks fit in them
 //   bounds      reserved memory never passes max_reserved_bytes, nor a generous multiple of the
 //               memory the model's buffers could need at once; an allocation the limits allow
 //               with room to spare does not fail with out_of_memory
