@@ -142,6 +142,35 @@ class ReservedWatch final : public ForwardingDevice {
     return status;
   }
 
+  // Physical memory of expandable segments: counted from creation to release (the pool
+  // unmaps before it releases).
+  cudaError_t vm_create(streampool::VmHandle* handle, std::size_t bytes) noexcept override {
+    const cudaError_t status = ForwardingDevice::vm_create(handle, bytes);
+    if (status == cudaSuccess) {
+      std::lock_guard lock(mutex_);
+      try {
+        handle_sizes_.emplace(*handle, bytes);
+      } catch (const std::bad_alloc&) {
+        lost_ = true;
+      }
+      current_ += static_cast<std::int64_t>(bytes);
+      peak_ = std::max(peak_, current_);
+    }
+    return status;
+  }
+
+  cudaError_t vm_release(streampool::VmHandle handle) noexcept override {
+    const cudaError_t status = ForwardingDevice::vm_release(handle);
+    if (status == cudaSuccess) {
+      std::lock_guard lock(mutex_);
+      if (auto it = handle_sizes_.find(handle); it != handle_sizes_.end()) {
+        current_ -= static_cast<std::int64_t>(it->second);
+        handle_sizes_.erase(it);
+      }
+    }
+    return status;
+  }
+
   // The peak since the last call (or the start), and a new stretch begins now.
   std::int64_t take_peak() {
     std::lock_guard lock(mutex_);
@@ -156,6 +185,7 @@ class ReservedWatch final : public ForwardingDevice {
  private:
   mutable std::mutex mutex_;
   std::unordered_map<void*, std::size_t> sizes_;
+  std::unordered_map<streampool::VmHandle, std::size_t> handle_sizes_;
   std::int64_t current_ = 0;
   std::int64_t peak_ = 0;
   bool lost_ = false;

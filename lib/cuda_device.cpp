@@ -7,8 +7,10 @@
 #include <streampool/error.hpp>
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <string>
+#include <type_traits>
 
 namespace streampool {
 namespace {
@@ -61,6 +63,75 @@ void* driver_entry(const char* symbol, unsigned version) noexcept {
   return fn;
 }
 
+// The driver's virtual memory calls, fetched once per process. `supported` is filled per device.
+struct DriverVm {
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 unreserve = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+
+  bool complete() const noexcept {
+    return ctx_get_current && device_get && device_get_attribute && granularity && reserve &&
+           unreserve && create && release && map && unmap && set_access;
+  }
+};
+
+const DriverVm& driver_vm() noexcept {
+  static const DriverVm vm = [] {
+    DriverVm d;
+    const auto get = [](auto& fn, const char* symbol, unsigned version) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(driver_entry(symbol, version));
+    };
+    get(d.ctx_get_current, "cuCtxGetCurrent", 4000);
+    get(d.device_get, "cuDeviceGet", 2000);
+    get(d.device_get_attribute, "cuDeviceGetAttribute", 2000);
+    get(d.granularity, "cuMemGetAllocationGranularity", 10020);
+    get(d.reserve, "cuMemAddressReserve", 10020);
+    get(d.unreserve, "cuMemAddressFree", 10020);
+    get(d.create, "cuMemCreate", 10020);
+    get(d.release, "cuMemRelease", 10020);
+    get(d.map, "cuMemMap", 10020);
+    get(d.unmap, "cuMemUnmap", 10020);
+    get(d.set_access, "cuMemSetAccess", 10020);
+    return d;
+  }();
+  return vm;
+}
+
+// The runtime's codes equal the driver's for every code these calls return (invalid value 1,
+// out of memory 2, invalid context 201, not permitted 800, not supported 801, capture
+// unsupported 900, capture implicit 906).
+cudaError_t from_driver(CUresult result) noexcept { return static_cast<cudaError_t>(result); }
+
+CUmemAllocationProp pinned_on(int ordinal) noexcept {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  return prop;
+}
+
+// Runs a driver virtual memory call with this device's primary context current (the runtime
+// makes it current at cudaSetDevice; a thread that never made a runtime call may have none).
+template <class F>
+cudaError_t on_device_vm(int ordinal, bool supported, F&& call) noexcept {
+  if (!supported) return cudaErrorNotSupported;
+  return on_device(ordinal, [&] {
+    CUcontext context = nullptr;
+    if (driver_vm().ctx_get_current(&context) != CUDA_SUCCESS || context == nullptr) {
+      if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) return e;
+    }
+    return from_driver(call());
+  });
+}
+
 // The legacy and per-thread default streams are resolved against the current device; an
 // explicit stream carries its own context.
 bool explicit_stream(cudaStream_t stream) noexcept {
@@ -101,6 +172,14 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   }
   driver_stream_id_ = driver_entry("cuStreamGetId", 12000);
   driver_capture_info_ = driver_entry("cuStreamGetCaptureInfo", 12030);
+  const DriverVm& vm = driver_vm();
+  CUdevice device = 0;
+  int supported = 0;
+  vm_supported_ = vm.complete() && vm.device_get(&device, ordinal) == CUDA_SUCCESS &&
+                  vm.device_get_attribute(
+                      &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                      device) == CUDA_SUCCESS &&
+                  supported != 0;
 }
 
 cudaError_t CudaDevice::malloc(void** ptr, std::size_t bytes) noexcept {
@@ -113,6 +192,64 @@ cudaError_t CudaDevice::free(void* ptr) noexcept {
 
 cudaError_t CudaDevice::mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept {
   return on_device(ordinal_, [&] { return cudaMemGetInfo(free_bytes, total_bytes); });
+}
+
+cudaError_t CudaDevice::vm_granularity(std::size_t* bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    const CUmemAllocationProp prop = pinned_on(ordinal_);
+    return driver_vm().granularity(bytes, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  });
+}
+
+cudaError_t CudaDevice::vm_reserve(void** ptr, std::size_t bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    CUdeviceptr address = 0;
+    const CUresult result = driver_vm().reserve(&address, bytes, 0, 0, 0);
+    if (result == CUDA_SUCCESS) *ptr = reinterpret_cast<void*>(address);
+    return result;
+  });
+}
+
+cudaError_t CudaDevice::vm_unreserve(void* ptr, std::size_t bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    return driver_vm().unreserve(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+  });
+}
+
+cudaError_t CudaDevice::vm_create(VmHandle* handle, std::size_t bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    const CUmemAllocationProp prop = pinned_on(ordinal_);
+    CUmemGenericAllocationHandle created = 0;
+    const CUresult result = driver_vm().create(&created, bytes, &prop, 0);
+    if (result == CUDA_SUCCESS) *handle = created;
+    return result;
+  });
+}
+
+cudaError_t CudaDevice::vm_release(VmHandle handle) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] { return driver_vm().release(handle); });
+}
+
+cudaError_t CudaDevice::vm_map(void* ptr, std::size_t bytes, VmHandle handle) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    return driver_vm().map(reinterpret_cast<CUdeviceptr>(ptr), bytes, 0, handle, 0);
+  });
+}
+
+cudaError_t CudaDevice::vm_set_access(void* ptr, std::size_t bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = ordinal_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return driver_vm().set_access(reinterpret_cast<CUdeviceptr>(ptr), bytes, &access, 1);
+  });
+}
+
+cudaError_t CudaDevice::vm_unmap(void* ptr, std::size_t bytes) noexcept {
+  return on_device_vm(ordinal_, vm_supported_, [&] {
+    return driver_vm().unmap(reinterpret_cast<CUdeviceptr>(ptr), bytes);
+  });
 }
 
 cudaError_t CudaDevice::event_create(cudaEvent_t* event) noexcept {

@@ -8,7 +8,9 @@
 //                 stream and each thread's per-thread stream have an id but no handle. A destroyed
 //                 stream stays until its queue drains, so that its work can still complete.
 //   events        handle -> the clock of the work the last record covers, or "captured".
-//   allocations   base address -> bytes; `access_log`, an interval map over addresses, holds per
+//   allocations   base address -> bytes (malloc's); `reservations`, base address -> bytes and
+//                 the mappings in it; `physical`, handle -> bytes, mappings, released;
+//                 `access_log`, an interval map over addresses, holds per
 //                 byte range the last write and the reads since it, for the race check.
 //   graphs, execs captured Items, and the user objects each holds a reference on.
 //
@@ -83,6 +85,9 @@ bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cuda
 cudaError_t default_error(Call call) {
   switch (call) {
     case Call::malloc:
+    case Call::vm_reserve:
+    case Call::vm_create:
+    case Call::vm_map:
     case Call::event_create:
     case Call::graph_instantiate:
     case Call::user_object_create:
@@ -131,6 +136,23 @@ struct Event {
 struct Allocation {
   std::size_t bytes = 0;
   std::size_t mapped = 0;  // bytes of host memory behind it (host-backed only)
+};
+
+struct VmMapping {
+  std::size_t bytes = 0;
+  VmHandle handle = 0;
+  bool accessible = false;
+};
+
+struct Reservation {
+  std::size_t bytes = 0;
+  std::map<std::uintptr_t, VmMapping> mappings;  // by address
+};
+
+struct PhysicalMemory {
+  std::size_t bytes = 0;
+  int mappings = 0;
+  bool released = false;
 };
 
 struct UserObject {
@@ -283,6 +305,9 @@ struct FakeDevice::State {
   std::size_t live_bytes = 0;
   std::uintptr_t next_address = first_device_address;
   std::map<std::uintptr_t, Allocation> allocations;
+  std::map<std::uintptr_t, Reservation> reservations;
+  std::unordered_map<VmHandle, PhysicalMemory> physical;
+  VmHandle next_vm_handle = 1;
   // Freed host-backed ranges stay mapped (inaccessible) until the end, so that no later
   // allocation gets their addresses and a body touching freed memory faults.
   std::vector<std::pair<std::uintptr_t, std::size_t>> retired_mappings;
@@ -515,9 +540,75 @@ struct FakeDevice::State {
 
   bool inside_one_allocation(std::uintptr_t begin, std::uintptr_t end) const {
     auto it = allocations.upper_bound(begin);
-    if (it == allocations.begin()) return false;
+    if (it != allocations.begin()) {
+      --it;
+      if (begin >= it->first && end <= it->first + it->second.bytes) return true;
+    }
+    return inside_accessible_mappings(begin, end);
+  }
+
+  // The reservation [begin, end) lies in, or null.
+  Reservation* reservation_of(std::uintptr_t begin, std::uintptr_t end) {
+    auto it = reservations.upper_bound(begin);
+    if (it == reservations.begin()) return nullptr;
     --it;
-    return begin >= it->first && end <= it->first + it->second.bytes;
+    if (begin < it->first || end > it->first + it->second.bytes || end < begin) return nullptr;
+    return &it->second;
+  }
+
+  // Every byte of [begin, end) in mappings of one reservation whose access is set.
+  bool inside_accessible_mappings(std::uintptr_t begin, std::uintptr_t end) const {
+    auto r = reservations.upper_bound(begin);
+    if (r == reservations.begin()) return false;
+    --r;
+    if (end > r->first + r->second.bytes) return false;
+    const auto& mappings = r->second.mappings;
+    auto m = mappings.upper_bound(begin);
+    if (m == mappings.begin()) return false;
+    --m;
+    for (std::uintptr_t at = begin; at < end; ++m) {
+      if (m == mappings.end() || m->first > at || m->first + m->second.bytes <= at ||
+          !m->second.accessible) {
+        return false;
+      }
+      at = m->first + m->second.bytes;
+    }
+    return true;
+  }
+
+  // The physical memory goes back once released and mapped nowhere.
+  void settle(VmHandle handle) {
+    auto it = physical.find(handle);
+    if (it == physical.end() || !it->second.released || it->second.mappings > 0) return;
+    live_bytes -= it->second.bytes;
+    physical.erase(it);
+  }
+
+  bool granular(std::uintptr_t value) const { return value % options.vm_granularity == 0; }
+
+  // A virtual memory call that changes something: counted, failed as told, unsupported without
+  // virtual memory, refused like malloc during a restricting capture.
+  cudaError_t enter_vm(Call call) {
+    if (cudaError_t e = enter(call); e != cudaSuccess) return e;
+    if (!options.virtual_memory) return cudaErrorNotSupported;
+    return refuse_if_restricted();
+  }
+
+  // The mappings that make up [begin, end) exactly, side by side in one reservation: [first,
+  // last), or nothing when the range is not whole mappings.
+  using MappingIt = std::map<std::uintptr_t, VmMapping>::iterator;
+  std::optional<std::pair<MappingIt, MappingIt>> whole_mappings(std::uintptr_t begin,
+                                                                std::uintptr_t end) {
+    Reservation* reservation = reservation_of(begin, end);
+    if (begin == end || reservation == nullptr) return std::nullopt;
+    auto& mappings = reservation->mappings;
+    const auto first = mappings.find(begin);
+    auto m = first;
+    for (std::uintptr_t at = begin; at < end; ++m) {
+      if (m == mappings.end() || m->first != at || at + m->second.bytes > end) return std::nullopt;
+      at += m->second.bytes;
+    }
+    return std::pair{first, m};
   }
 
   // An access by work (stream, seq) races with an earlier one unless the earlier one is on the
@@ -671,6 +762,18 @@ std::size_t FakeDevice::live_allocations() const {
   return state_->allocations.size();
 }
 
+std::size_t FakeDevice::live_vm_handles() const {
+  std::lock_guard lock(state_->mutex);
+  std::size_t live = 0;
+  for (const auto& [handle, memory] : state_->physical) live += memory.released ? 0 : 1;
+  return live;
+}
+
+std::size_t FakeDevice::live_reservations() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->reservations.size();
+}
+
 void FakeDevice::fail_next(Call call, int count) { fail_next(call, count, default_error(call)); }
 
 void FakeDevice::fail_next(Call call, int count, cudaError_t error) {
@@ -791,6 +894,144 @@ cudaError_t FakeDevice::mem_get_info(std::size_t* free_bytes, std::size_t* total
   if (cudaError_t e = s.enter(Call::mem_get_info); e != cudaSuccess) return e;
   *free_bytes = s.capacity > s.live_bytes ? s.capacity - s.live_bytes : 0;
   *total_bytes = s.capacity;
+  return cudaSuccess;
+}
+
+// --- the seam: virtual memory -----------------------------------------------------------------
+
+cudaError_t FakeDevice::vm_granularity(std::size_t* bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter(Call::vm_granularity); e != cudaSuccess) return e;
+  if (!s.options.virtual_memory) return cudaErrorNotSupported;
+  *bytes = s.options.vm_granularity;
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_reserve(void** ptr, std::size_t bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_reserve); e != cudaSuccess) return e;
+  const std::size_t granule = s.options.vm_granularity;
+  if (bytes == 0 || !s.granular(bytes) || bytes > (std::size_t{1} << 50)) {
+    return cudaErrorInvalidValue;
+  }
+  std::uintptr_t base = 0;
+  if (s.options.host_backed) {
+    // Inaccessible addresses, aligned to the granularity; they stay taken after vm_unreserve so
+    // that no later reservation or allocation gets them.
+    void* memory = ::mmap(nullptr, bytes + granule, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED) return cudaErrorMemoryAllocation;
+    s.retired_mappings.emplace_back(address_of(memory), bytes + granule);
+    base = round_up(address_of(memory), granule);
+  } else {
+    base = round_up(s.next_address, granule);
+    s.next_address = base + bytes;
+  }
+  s.reservations.emplace(base, Reservation{bytes, {}});
+  *ptr = reinterpret_cast<void*>(base);
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_unreserve(void* ptr, std::size_t bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_unreserve); e != cudaSuccess) return e;
+  auto it = s.reservations.find(address_of(ptr));
+  if (it == s.reservations.end() || it->second.bytes != bytes || !it->second.mappings.empty()) {
+    return cudaErrorInvalidValue;
+  }
+  s.reservations.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_create(VmHandle* handle, std::size_t bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_create); e != cudaSuccess) return e;
+  if (bytes == 0 || !s.granular(bytes)) return cudaErrorInvalidValue;
+  if (s.live_bytes > s.capacity || bytes > s.capacity - s.live_bytes) {
+    return cudaErrorMemoryAllocation;
+  }
+  const VmHandle id = s.next_vm_handle++;
+  s.physical.emplace(id, PhysicalMemory{bytes, 0, false});
+  s.live_bytes += bytes;
+  *handle = id;
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_release(VmHandle handle) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_release); e != cudaSuccess) return e;
+  auto it = s.physical.find(handle);
+  if (it == s.physical.end() || it->second.released) return cudaErrorInvalidValue;
+  it->second.released = true;
+  s.settle(handle);
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_map(void* ptr, std::size_t bytes, VmHandle handle) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_map); e != cudaSuccess) return e;
+  const std::uintptr_t begin = address_of(ptr);
+  const std::uintptr_t end = begin + bytes;
+  auto memory = s.physical.find(handle);
+  Reservation* reservation = s.reservation_of(begin, end);
+  if (memory == s.physical.end() || memory->second.released || memory->second.bytes != bytes ||
+      reservation == nullptr || !s.granular(begin)) {
+    return cudaErrorInvalidValue;
+  }
+  auto& mappings = reservation->mappings;
+  auto next = mappings.lower_bound(begin);
+  if (next != mappings.end() && next->first < end) return cudaErrorInvalidValue;
+  if (next != mappings.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second.bytes > begin) return cudaErrorInvalidValue;
+  }
+  mappings.emplace(begin, VmMapping{bytes, handle, false});
+  ++memory->second.mappings;
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_set_access(void* ptr, std::size_t bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_set_access); e != cudaSuccess) return e;
+  const std::uintptr_t begin = address_of(ptr);
+  const auto range = s.whole_mappings(begin, begin + bytes);
+  if (!range) return cudaErrorInvalidValue;
+  if (s.options.host_backed &&
+      ::mprotect(ptr, bytes, PROT_READ | PROT_WRITE) != 0) {
+    return cudaErrorMemoryAllocation;
+  }
+  for (auto m = range->first; m != range->second; ++m) m->second.accessible = true;
+  return cudaSuccess;
+}
+
+cudaError_t FakeDevice::vm_unmap(void* ptr, std::size_t bytes) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter_vm(Call::vm_unmap); e != cudaSuccess) return e;
+  const std::uintptr_t begin = address_of(ptr);
+  const std::uintptr_t end = begin + bytes;
+  const auto range = s.whole_mappings(begin, end);
+  if (!range) return cudaErrorInvalidValue;
+  const auto [first, m] = *range;
+  s.access_log.forget(begin, end);
+  if (s.options.host_backed) {
+    // The contents go with the mapping: the pages go back to the system.
+    ::mmap(ptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  }
+  std::vector<VmHandle> handles;
+  for (auto it = first; it != m; ++it) handles.push_back(it->second.handle);
+  s.reservation_of(begin, end)->mappings.erase(first, m);
+  for (VmHandle handle : handles) {
+    --s.physical.at(handle).mappings;
+    s.settle(handle);
+  }
   return cudaSuccess;
 }
 

@@ -216,6 +216,31 @@ TEST_CASE("frees that fail while the pool is destroyed do not leak its segments"
   CHECK(fake->live_bytes() == 0);
 }
 
+TEST_CASE("unmaps, releases and unreserves that fail while the pool is destroyed do not leak "
+          "its expandable segments",
+          "[pool][faults]") {
+  auto fake = std::make_shared<FakeDevice>();
+  const int failures = GENERATE(1, 2, 3);
+  const auto call = GENERATE(Call::vm_unmap, Call::vm_release, Call::vm_unreserve);
+  CAPTURE(failures, FakeDevice::call_name(call));
+  auto options = test_options();
+  options.expandable_segments = true;
+  {
+    streampool::MemoryPool pool(fake, options);
+    cudaStream_t s = fake->create_stream();
+    Bytes large = Bytes::alloc_async(pool, 32 * MiB, s);
+    Bytes small = Bytes::alloc_async(pool, 4096, s);
+    REQUIRE(fake->live_vm_handles() >= 1);
+    REQUIRE(fake->live_reservations() == 1);
+    fake->fail_next(call, failures);
+  }
+  fake->fail_next(call, 0);
+  streampool::MemoryPool next(fake, test_options());
+  CHECK(fake->live_vm_handles() == 0);
+  CHECK(fake->live_reservations() == 0);
+  CHECK(fake->live_bytes() == 0);
+}
+
 TEST_CASE("event destroys that fail while the pool is destroyed do not leak its events",
           "[pool][faults]") {
   auto fake = std::make_shared<FakeDevice>();

@@ -20,6 +20,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <thread>
 
 #ifndef STREAMPOOL_CONTRACT_HARNESSES
@@ -170,6 +172,84 @@ TEMPLATE_TEST_CASE("malloc beyond what the device has fails with cudaErrorMemory
   REQUIRE(h.device().malloc(&ptr, 1000) == cudaSuccess);
   REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % 256 == 0);
   REQUIRE(h.device().free(ptr) == cudaSuccess);
+}
+
+TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, release, unreserve",
+                   "[contract][vm]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  std::size_t granule = 0;
+  REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
+  REQUIRE(granule >= 4096);
+  REQUIRE((granule & (granule - 1)) == 0);
+  void* base = nullptr;
+  REQUIRE(device.vm_reserve(&base, 8 * granule) == cudaSuccess);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(base) % granule == 0);
+  auto* at = static_cast<std::byte*>(base);
+  streampool::VmHandle one = 0;
+  streampool::VmHandle two = 0;
+  REQUIRE(device.vm_create(&one, granule) == cudaSuccess);
+  REQUIRE(device.vm_create(&two, 2 * granule) == cudaSuccess);
+
+  SECTION("mappings side by side, each made accessible, then unmapped and released") {
+    REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
+    REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at, granule) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at + granule, 2 * granule) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at + granule, 2 * granule) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at, granule) == cudaSuccess);
+    REQUIRE(device.vm_release(one) == cudaSuccess);
+    REQUIRE(device.vm_release(two) == cudaSuccess);
+  }
+  SECTION("what the calls refuse") {
+    REQUIRE(device.vm_map(at + granule / 2, granule, one) != cudaSuccess);  // misaligned
+    REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
+    REQUIRE(device.vm_map(at, 2 * granule, two) != cudaSuccess);  // over a mapping
+    REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at + granule, granule) != cudaSuccess);  // part of a mapping
+    REQUIRE(device.vm_unreserve(base, 8 * granule) != cudaSuccess);  // mappings in it
+    // Released while mapped: the memory stays until the unmap.
+    REQUIRE(device.vm_release(one) == cudaSuccess);
+    REQUIRE(device.vm_release(two) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at, granule) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at + granule, 2 * granule) == cudaSuccess);
+  }
+  REQUIRE(device.vm_unreserve(base, 8 * granule) == cudaSuccess);
+}
+
+TEMPLATE_TEST_CASE("virtual memory beyond what the device has fails with "
+                   "cudaErrorMemoryAllocation",
+                   "[contract][vm]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  std::size_t granule = 0;
+  REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  REQUIRE(device.mem_get_info(&free_bytes, &total) == cudaSuccess);
+  streampool::VmHandle handle = 0;
+  REQUIRE(device.vm_create(&handle, (total / granule + 1) * granule) == cudaErrorMemoryAllocation);
+}
+
+TEMPLATE_TEST_CASE("a global or thread-local capture refuses the virtual memory calls",
+                   "[contract][vm][capture]", STREAMPOOL_CONTRACT_HARNESSES) {
+  using contract::end_and_discard;
+  using contract::status_of;
+  TestType h;
+  auto& device = h.device();
+  cudaStream_t stream = h.create_stream();
+  std::size_t granule = 0;
+  REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    DYNAMIC_SECTION("vm_create in " << contract::mode_name(mode) << " mode") {
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      streampool::VmHandle handle = 0;
+      REQUIRE(device.vm_create(&handle, granule) == cudaErrorStreamCaptureUnsupported);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+    }
+  }
+  h.destroy_stream(stream);
 }
 
 TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA refuses them",

@@ -33,6 +33,13 @@ Error thrown_by(const std::function<void()>& call) {
   return Error(Errc::success, "");
 }
 
+// Segments from cudaMalloc (the tests of that path; expandable segments are test/pool_expandable.cpp's).
+streampool::PoolOptions malloc_segments() {
+  auto options = test_options();
+  options.expandable_segments = false;
+  return options;
+}
+
 // A stream handle that names no stream any more.
 cudaStream_t destroyed_stream(FakeDevice& fake) {
   cudaStream_t s = fake.create_stream();
@@ -87,7 +94,7 @@ TEST_CASE("an allocation on an invalid stream keeps CUDA's error and names the l
 TEST_CASE("an allocation whose cudaMalloc fails keeps CUDA's error and names cudaMalloc",
           "[errors][faults]") {
   SECTION("a device error: no reclaim, the error as CUDA gave it") {
-    PoolOnFake pool;
+    PoolOnFake pool(malloc_segments());
     cudaStream_t s = pool.fake().create_stream();
     pool.fake().fail_next(Call::malloc, 1, cudaErrorLaunchFailure);
     const Error e = thrown_by([&] { Bytes::alloc_async(*pool, 4 * MiB, s); });
@@ -101,13 +108,26 @@ TEST_CASE("an allocation whose cudaMalloc fails keeps CUDA's error and names cud
   SECTION("out of memory after every reclaim step: the out-of-memory message and CUDA's refusal") {
     FakeDevice::Options device;
     device.capacity = 64 * MiB;
-    PoolOnFake pool(test_options(), device);
+    PoolOnFake pool(malloc_segments(), device);
     cudaStream_t s = pool.fake().create_stream();
     const Error e = thrown_by([&] { pool->allocate(128 * MiB, s); });
     CHECK(e.errc() == Errc::out_of_memory);
     CHECK(e.cuda_error() == cudaErrorMemoryAllocation);
     CHECK_THAT(e.what(), Catch::Contains("out of memory allocating"));
     CHECK_THAT(e.what(), Catch::Contains("cudaMalloc"));
+  }
+  SECTION("the same with expandable segments: cuMemCreate's refusal") {
+    FakeDevice::Options device;
+    device.capacity = 64 * MiB;
+    auto options = test_options();
+    options.expandable_segments = true;
+    PoolOnFake pool(options, device);
+    cudaStream_t s = pool.fake().create_stream();
+    const Error e = thrown_by([&] { pool->allocate(128 * MiB, s); });
+    CHECK(e.errc() == Errc::out_of_memory);
+    CHECK(e.cuda_error() == cudaErrorMemoryAllocation);
+    CHECK_THAT(e.what(), Catch::Contains("out of memory allocating"));
+    CHECK_THAT(e.what(), Catch::Contains("cuMemCreate"));
   }
   SECTION("past max_reserved_bytes: out of memory, as when the device refuses") {
     auto options = test_options();
@@ -144,7 +164,7 @@ TEST_CASE("record_stream naming an invalid stream keeps CUDA's error", "[errors]
 }
 
 TEST_CASE("the capture layer's errors from device calls keep CUDA's error", "[errors][faults]") {
-  PoolOnFake pool;
+  PoolOnFake pool(malloc_segments());  // the sections below make cudaMalloc fail
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   auto capture = std::make_shared<CapturePool>(*pool);

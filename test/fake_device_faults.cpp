@@ -26,7 +26,21 @@ struct CallFixture {
     REQUIRE(device.end_capture(stream, &graph) == cudaSuccess);
     REQUIRE(device.graph_instantiate(&exec, graph) == cudaSuccess);
     REQUIRE(device.user_object_create(&object, nullptr, no_op) == cudaSuccess);
+    REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
+    REQUIRE(device.vm_reserve(&reservation, 4 * granule) == cudaSuccess);
+    REQUIRE(device.vm_reserve(&spare_reservation, granule) == cudaSuccess);
+    REQUIRE(device.vm_create(&mapped, granule) == cudaSuccess);
+    REQUIRE(device.vm_create(&unmapped, granule) == cudaSuccess);
+    REQUIRE(device.vm_create(&loose, granule) == cudaSuccess);
+    REQUIRE(device.vm_map(reservation, granule, mapped) == cudaSuccess);
   }
+
+  std::size_t granule = 0;
+  void* reservation = nullptr;
+  void* spare_reservation = nullptr;
+  streampool::VmHandle mapped = 0;    // mapped at the reservation's start
+  streampool::VmHandle unmapped = 0;  // for vm_map
+  streampool::VmHandle loose = 0;     // for vm_release
 
   // What a call of this kind needs beyond the fixture: end_capture, a capture to end.
   void prepare(Call call) {
@@ -46,10 +60,21 @@ struct CallFixture {
     cudaGraph_t new_graph = nullptr;
     cudaGraphExec_t new_exec = nullptr;
     cudaUserObject_t new_object = nullptr;
+    streampool::VmHandle new_handle = 0;
+    std::size_t bytes = 0;
+    auto* at = static_cast<std::byte*>(reservation);
     switch (call) {
       case Call::malloc: return device.malloc(&ptr, 256);
       case Call::free: return device.free(allocated);
       case Call::mem_get_info: return device.mem_get_info(&free_bytes, &total_bytes);
+      case Call::vm_granularity: return device.vm_granularity(&bytes);
+      case Call::vm_reserve: return device.vm_reserve(&ptr, granule);
+      case Call::vm_unreserve: return device.vm_unreserve(spare_reservation, granule);
+      case Call::vm_create: return device.vm_create(&new_handle, granule);
+      case Call::vm_release: return device.vm_release(loose);
+      case Call::vm_map: return device.vm_map(at + 2 * granule, granule, unmapped);
+      case Call::vm_set_access: return device.vm_set_access(reservation, granule);
+      case Call::vm_unmap: return device.vm_unmap(reservation, granule);
       case Call::event_create: return device.event_create(&new_event);
       case Call::event_destroy: return device.event_destroy(event);
       case Call::event_record: return device.event_record(event, stream);
@@ -86,6 +111,14 @@ constexpr DefaultFault every_call[] = {
     {Call::malloc, "malloc", cudaErrorMemoryAllocation},
     {Call::free, "free", cudaErrorLaunchFailure},
     {Call::mem_get_info, "mem_get_info", cudaErrorLaunchFailure},
+    {Call::vm_granularity, "vm_granularity", cudaErrorLaunchFailure},
+    {Call::vm_reserve, "vm_reserve", cudaErrorMemoryAllocation},
+    {Call::vm_unreserve, "vm_unreserve", cudaErrorLaunchFailure},
+    {Call::vm_create, "vm_create", cudaErrorMemoryAllocation},
+    {Call::vm_release, "vm_release", cudaErrorLaunchFailure},
+    {Call::vm_map, "vm_map", cudaErrorMemoryAllocation},
+    {Call::vm_set_access, "vm_set_access", cudaErrorLaunchFailure},
+    {Call::vm_unmap, "vm_unmap", cudaErrorLaunchFailure},
     {Call::event_create, "event_create", cudaErrorMemoryAllocation},
     {Call::event_destroy, "event_destroy", cudaErrorLaunchFailure},
     {Call::event_record, "event_record", cudaErrorLaunchFailure},

@@ -29,6 +29,7 @@
 #include <array>
 #include <exception>
 #include <functional>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,7 +59,12 @@ constexpr int kinds = FakeDevice::call_kinds;
 // The CUDA runtime call each seam call is, as an error message names it.
 constexpr std::array<const char*, kinds> cuda_names{
     "cudaMalloc",           "cudaFree",
-    "cudaMemGetInfo",       "cudaEventCreate",
+    "cudaMemGetInfo",
+    "cuMemGetAllocationGranularity", "cuMemAddressReserve",
+    "cuMemAddressFree",     "cuMemCreate",
+    "cuMemRelease",         "cuMemMap",
+    "cuMemSetAccess",       "cuMemUnmap",
+    "cudaEventCreate",
     "cudaEventDestroy",     "cudaEventRecord",
     "cudaEventQuery",       "cudaEventSynchronize",
     "cudaStreamWaitEvent",  "cudaStreamSynchronize",
@@ -70,6 +76,8 @@ constexpr std::array<const char*, kinds> cuda_names{
     "cudaUserObjectCreate", "cudaGraphRetainUserObject",
     "cudaUserObjectRelease"};
 static_assert(cuda_names.size() == static_cast<std::size_t>(FakeDevice::call_kinds));
+static_assert(std::find(cuda_names.begin(), cuda_names.end(), nullptr) == cuda_names.end(),
+              "a name for every call");
 
 // A device over a FakeDevice that counts the calls reaching it by kind, fails one chosen call,
 // and keeps the device allocations live now (a returned buffer must lie inside one).
@@ -112,14 +120,25 @@ class FaultAt final : public streampool::ForwardingDevice {
     std::lock_guard<std::mutex> lock(mutex_);
     return counts_;
   }
-  // Whether [ptr, ptr + bytes) lies inside one live device allocation.
+  // Whether [ptr, ptr + bytes) lies inside live device memory: one allocation, or mappings side
+  // by side whose access is set.
   bool inside_live_memory(const void* ptr, std::size_t bytes) const {
     const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    const auto end = begin + bytes;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocations_.upper_bound(begin);
-    if (it == allocations_.begin()) return false;
-    --it;
-    return begin >= it->first && begin + bytes <= it->first + it->second;
+    if (it != allocations_.begin()) {
+      --it;
+      if (begin >= it->first && end <= it->first + it->second) return true;
+    }
+    auto m = accessible_.upper_bound(begin);
+    if (m == accessible_.begin()) return false;
+    --m;
+    for (std::uintptr_t at = begin; at < end; ++m) {
+      if (m == accessible_.end() || m->first > at || m->first + m->second <= at) return false;
+      at = m->first + m->second;
+    }
+    return true;
   }
 
 #define STREAMPOOL_DEVICE_CALL(name, params, args)          \
@@ -127,7 +146,7 @@ class FaultAt final : public streampool::ForwardingDevice {
     const bool fail = enter(Call::name);                    \
     const cudaError_t result = inner().name args;           \
     const auto observe_call = [&](auto... a) noexcept {     \
-      observe(result, a...);                                \
+      observe(Call::name, result, a...);                    \
     };                                                      \
     observe_call args;                                      \
     if (fail) record_injected(result);                      \
@@ -154,24 +173,38 @@ class FaultAt final : public streampool::ForwardingDevice {
     injected_ = result;
   }
   // The calls that change which device memory is live; every other call changes none.
-  void observe(cudaError_t result, void** ptr, std::size_t bytes) noexcept {
-    if (result != cudaSuccess) return;
+  void observe(Call call, cudaError_t result, void** ptr, std::size_t bytes) noexcept {
+    if (result != cudaSuccess || call != Call::malloc) return;  // vm_reserve: no memory yet
     std::lock_guard<std::mutex> lock(mutex_);
     try {
       allocations_[reinterpret_cast<std::uintptr_t>(*ptr)] = bytes;
     } catch (const std::bad_alloc&) {
     }
   }
-  void observe(cudaError_t result, void* ptr) noexcept {
-    if (result != cudaSuccess) return;
+  void observe(Call call, cudaError_t result, void* ptr) noexcept {
+    if (result != cudaSuccess || call != Call::free) return;
     std::lock_guard<std::mutex> lock(mutex_);
     allocations_.erase(reinterpret_cast<std::uintptr_t>(ptr));
   }
+  void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes) noexcept {
+    if (result != cudaSuccess) return;
+    const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (call == Call::vm_set_access) {
+      try {
+        accessible_[begin] = bytes;
+      } catch (const std::bad_alloc&) {
+      }
+    } else if (call == Call::vm_unmap) {
+      accessible_.erase(accessible_.lower_bound(begin), accessible_.lower_bound(begin + bytes));
+    }
+  }
   template <class... Args>
-  void observe(cudaError_t, Args...) noexcept {}
+  void observe(Call, cudaError_t, Args...) noexcept {}
 
   std::shared_ptr<FakeDevice> fake_;
   mutable std::mutex mutex_;
+  std::map<std::uintptr_t, std::size_t> accessible_;  // vm_set_access ranges, until unmapped
   std::array<std::uint64_t, kinds> counts_{};
   Call target_ = Call::malloc;
   std::uint64_t position_ = 0;  // 0: no fault armed
@@ -399,8 +432,15 @@ void out_of_memory(World& w) {
     w.bad.push_back("64 MiB allocated on a 24 MiB device");
   } catch (const Error& e) {
     if (e.errc() != Errc::out_of_memory) throw;
-    if (std::string(e.what()).find("cudaMalloc") == std::string::npos) {
-      w.bad.push_back(std::string("out of memory without naming cudaMalloc: ") + e.what());
+    // The device allocation that refused last: a segment, or (expandable) a reservation, the
+    // physical memory or its mapping; after a failed granularity query, segments again.
+    const std::string what = e.what();
+    bool named = false;
+    for (const char* call : {"cudaMalloc", "cuMemCreate", "cuMemMap", "cuMemAddressReserve"}) {
+      named = named || what.find(call) != std::string::npos;
+    }
+    if (!named) {
+      w.bad.push_back("out of memory without naming the device allocation that refused: " + what);
     }
   }
 }
@@ -657,8 +697,11 @@ bool run_with_fault(const Scenario& scenario, const Counted& clean, Call call,
 TEST_CASE("fault matrix: every device call of each scenario fails in turn; nothing leaks, no bad "
           "pointer, a clear error, and the pool works again",
           "[faults][matrix]") {
-  for (const Scenario& scenario : scenarios()) {
-    DYNAMIC_SECTION(scenario.name) {
+  for (const Scenario& base : scenarios()) for (const bool expandable : {true, false}) {
+    Scenario scenario = base;
+    scenario.options.expandable_segments = expandable;
+    DYNAMIC_SECTION(scenario.name
+                    << (expandable ? ", expandable segments" : ", cudaMalloc segments")) {
       const Counted clean = count_calls(scenario);
       std::uint64_t runs = 0;
       std::uint64_t follow_up_runs = 0;
@@ -682,7 +725,9 @@ TEST_CASE("the fault matrix fails every kind of device call: in the scenarios, o
           "its fallback follows",
           "[faults][matrix]") {
   std::array<std::uint64_t, kinds> made{};
-  for (const Scenario& scenario : scenarios()) {
+  for (const Scenario& base : scenarios()) for (const bool expandable : {true, false}) {
+    Scenario scenario = base;
+    scenario.options.expandable_segments = expandable;
     const Counted clean = count_calls(scenario);
     for (int k = 0; k < kinds; ++k) made[k] += clean.calls[k];
     for (const FollowUp& f : follow_ups) {

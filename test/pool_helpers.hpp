@@ -11,10 +11,14 @@
 #include <memory>
 #include <string>
 
+// Segments from cudaMalloc: the tests of the arena's layout name segment sizes and device
+// allocations. Expandable segments are tested in pool_expandable.cpp, and both settings by the
+// fault matrix, the model check and the fuzzer.
 inline streampool::PoolOptions test_options() {
   streampool::PoolOptions options;
   options.read_environment = false;
   options.stats_granule = 0;
+  options.expandable_segments = false;
   return options;
 }
 

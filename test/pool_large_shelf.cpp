@@ -190,7 +190,7 @@ TEST_CASE("trim and release_stream empty the shelves") {
 
 TEST_CASE("large_shelf is a STREAMPOOL_CONF key, at most 64") {
   using streampool::PoolOptions;
-  CHECK(PoolOptions{}.large_shelf == 4);
+  CHECK(PoolOptions{}.large_shelf == 2);
   CHECK(PoolOptions::parse("large_shelf=0").large_shelf == 0);
   CHECK(PoolOptions::parse("large_shelf=64").large_shelf == 64);
   CHECK_THROWS_WITH(PoolOptions::parse("large_shelf=65"), Catch::Contains("large_shelf"));

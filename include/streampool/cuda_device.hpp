@@ -26,6 +26,9 @@ class STREAMPOOL_API CudaDevice final : public Device {
   // threads). Null where the driver does not offer them; the runtime is used then.
   void* driver_stream_id_ = nullptr;
   void* driver_capture_info_ = nullptr;
+  // The driver offers the cuMem* calls and the device supports them; else each vm_ call says
+  // cudaErrorNotSupported without a device call.
+  bool vm_supported_ = false;
 };
 
 }  // namespace streampool

@@ -31,6 +31,8 @@ namespace streampool {
 using StreamId = unsigned long long;
 // A capture sequence's identity, unique for the life of the program (cudaStreamGetCaptureInfo).
 using CaptureId = unsigned long long;
+// Physical memory of the driver's virtual memory management (CUmemGenericAllocationHandle).
+using VmHandle = unsigned long long;
 
 // The three stream-capture modes of cudaStreamBeginCapture. In `global` mode, while the capture
 // lasts, no thread may make a call CUDA considers unsafe (cudaMalloc, cudaEventQuery on an event

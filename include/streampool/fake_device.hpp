@@ -8,6 +8,15 @@
 //   memory   addresses in a simulated device address space, 256-byte aligned and never reused,
 //            not backed by host memory unless Options::host_backed is set; a capacity past which
 //            malloc fails with cudaErrorMemoryAllocation.
+//   virtual  the cuMem* calls: reservations of addresses, physical memory counted against the
+//   memory   capacity from creation to release-and-unmap, mappings that become accessible once
+//            their access is set; every precondition of device_calls.def checked (alignment to
+//            the granularity, mapping only where nothing is, unmapping whole mappings, freeing
+//            a reservation only when nothing is mapped in it: cudaErrorInvalidValue otherwise).
+//            Options::virtual_memory = false makes them cudaErrorNotSupported, as a device
+//            without virtual memory management does. Host-backed contents belong to the
+//            mapping, not to the physical memory: a handle mapped twice does not share them
+//            (the pool maps each handle once).
 //   work     launch(stream) enqueues a unit of work that stays pending until complete(stream),
 //            complete_all(), or a synchronize that covers it (or at once with auto-complete).
 //            Work completes in stream order; waiting on an event makes later work of a stream
@@ -57,6 +66,9 @@ class STREAMPOOL_API FakeDevice final : public Device {
     bool host_backed = false;
     // Work completes as soon as it is launched.
     bool auto_complete = false;
+    // The virtual memory calls work (with this granularity), or say cudaErrorNotSupported.
+    bool virtual_memory = true;
+    std::size_t vm_granularity = std::size_t{2} << 20;
   };
 
   // One kind per seam call.
@@ -120,6 +132,9 @@ class STREAMPOOL_API FakeDevice final : public Device {
   void set_capacity(std::size_t bytes);
   std::size_t live_bytes() const;
   std::size_t live_allocations() const;
+  // Virtual memory: handles created and not yet released, and reservations not yet freed.
+  std::size_t live_vm_handles() const;
+  std::size_t live_reservations() const;
 
   // The next `count` calls of `call` fail with `error` (by default, the error CUDA gives for
   // that call when it runs out of resources: cudaErrorMemoryAllocation for malloc, creation and

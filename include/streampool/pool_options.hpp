@@ -49,8 +49,13 @@ struct STREAMPOOL_API PoolOptions {
   // a request on it of one's size (rounded to large_rounding) takes it back under the stream's
   // lock alone: no arena mutex, no search. Shelves go back to the arena before it grows,
   // in the out-of-memory ladder, at trim and when their stream is released (docs/design.md).
-  std::uint32_t large_shelf = 4;
+  std::uint32_t large_shelf = 2;
   static constexpr std::uint32_t max_large_shelf = 64;
+  // The large tier's segments are reservations of addresses that grow in place, physical memory
+  // mapped into them as needed and unmapped by trim and the out-of-memory ladder (the driver's
+  // virtual memory management). Where the device lacks it, or with false, segments are
+  // cudaMalloc allocations of segment_bytes or more. Mappings are at most segment_bytes each.
+  bool expandable_segments = true;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;
@@ -81,7 +86,7 @@ struct STREAMPOOL_API PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, large_shelf, max_reserved, unfenced, unfenced_us, idle_ms,
+  // slab, segment, large_rounding, large_shelf, expandable_segments, max_reserved, unfenced, unfenced_us, idle_ms,
   // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
   // take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
   // ignored; a key given twice takes its later value (each value must be valid).

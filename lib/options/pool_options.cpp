@@ -105,6 +105,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
       if (n > std::numeric_limits<std::uint32_t>::max()) bad(key, value, "too large");
       o.idle_ms = static_cast<std::uint32_t>(n);
     }
+    else if (key == "expandable_segments") o.expandable_segments = parse_bool(key, value);
     else if (key == "fence_every_free") o.fence_every_free = parse_bool(key, value);
     else if (key == "cross_stream_wait") o.cross_stream_wait = parse_bool(key, value);
     else if (key == "stats_granule") o.stats_granule = parse_size(key, value);
@@ -117,7 +118,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
       throw Error(Errc::invalid_value, fmt::format("STREAMPOOL_CONF: unknown key '{}' (known: "
                                                    "smallest, per_doubling, largest, alignment, "
                                                    "slab, segment, large_rounding, large_shelf, "
-                                                   "max_reserved, "
+                                                   "expandable_segments, max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
                                                    "stream_checks, stats_granule)",
@@ -138,12 +139,13 @@ PoolOptions PoolOptions::from_environment(const PoolOptions& base) {
 std::string PoolOptions::to_conf() const {
   return fmt::format(
       "smallest={},per_doubling={},largest={},alignment={},slab={},segment={},"
-      "large_rounding={},large_shelf={},max_reserved={},unfenced={},unfenced_us={},idle_ms={},"
+      "large_rounding={},large_shelf={},expandable_segments={},max_reserved={},unfenced={},"
+      "unfenced_us={},idle_ms={},"
       "fence_every_free={},cross_stream_wait={},"
       "stream_checks={},stats_granule={}",
       size_text(size_classes.smallest), size_classes.per_doubling, size_text(size_classes.largest),
       size_text(size_classes.alignment), size_text(slab_bytes), size_text(segment_bytes),
-      size_text(large_rounding), large_shelf, size_text(max_reserved_bytes),
+      size_text(large_rounding), large_shelf, expandable_segments, size_text(max_reserved_bytes),
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
       cross_stream_wait, checks_text(stream_checks), size_text(stats_granule));

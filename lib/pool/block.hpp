@@ -88,6 +88,7 @@ struct Block {
   bool large = false;         // a range of the arena (else a small block of a slab)
   bool free = true;
   bool is_slab = false;       // a large range carved into small blocks
+  bool hole = false;          // addresses of an expandable segment with nothing mapped (never free)
 
   // While live.
   StreamState* home = nullptr;

@@ -190,6 +190,11 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     error = forbidden_now();
     return nullptr;
   }
+  if (expandable()) {
+    Block* range = grow_mapped(s, rounded, had, grew, error);
+    if (range != nullptr || vm_ == Vm::on) return range;
+    error.clear();  // the device turned out to lack virtual memory: segments as below
+  }
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);
   void* ptr = nullptr;
@@ -361,6 +366,7 @@ void LargeTier::coalesce_covered() noexcept {
 std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept {
   if (!calls_allowed(Restricted::free)) return 0;
   coalesce_covered();
+  std::lock_guard<std::mutex> growing(growth_mutex_);  // holes change only under it
   std::lock_guard<std::mutex> lock(mutex_);
   Device& device = pool_.device();
   std::size_t released = 0;
@@ -368,6 +374,19 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
     Segment& segment = *segments_[i];
     Block* range = segment.first;
+    if (segment.expandable) {
+      released += unmap_free(segment, bytes_to_keep);
+      // Nothing mapped: the addresses go back too.
+      if (segment.mapped == 0 && calls_allowed(Restricted::free) &&
+          device.vm_unreserve(segment.base, segment.size) == cudaSuccess) {
+        delete_block(range);
+        segments_[i] = std::move(segments_.back());
+        segments_.pop_back();
+      } else {
+        ++i;
+      }
+      continue;
+    }
     const bool whole = range->free && !range->is_slab && range->size == segment.size &&
                        normalize(range);
     if (!whole || !calls_allowed(Restricted::free) || device.free(segment.base) != cudaSuccess) {
@@ -388,7 +407,8 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& segment : segments_) {
     ++out.segments;
-    out.segment_bytes += static_cast<std::int64_t>(segment->size);
+    out.segment_bytes +=
+        static_cast<std::int64_t>(segment->expandable ? segment->mapped : segment->size);
     for (Block* r = segment->first; r != nullptr; r = r->after) {
       // A range in use (a slab among them) is its user's: only free ones are read.
       const auto bytes = static_cast<std::int64_t>(r->size);
@@ -407,9 +427,19 @@ bool LargeTier::consistent() noexcept {
   for (const auto& segment : segments_) {
     std::byte* at = segment->base;
     const Block* previous = nullptr;
+    std::size_t mapped = 0;
     for (const Block* r = segment->first; r != nullptr; r = r->after) {
       if (r->ptr != at || r->before != previous || r->segment != segment.get() || !r->large) {
         return false;
+      }
+      if (r->hole) {
+        const auto offset = static_cast<std::size_t>(r->ptr - segment->base);
+        if (!segment->expandable || r->free || offset % granule_ != 0 ||
+            r->size % granule_ != 0 || (previous != nullptr && previous->hole)) {
+          return false;
+        }
+      } else {
+        mapped += r->size;
       }
       // A range in use is its user's: its need is not read here (it is written without this
       // mutex). That none is indexed follows from the count below: every free one is found in
@@ -425,6 +455,11 @@ bool LargeTier::consistent() noexcept {
       previous = r;
     }
     if (at != segment->base + segment->size) return false;
+    if (segment->expandable) {
+      std::size_t in_mappings = 0;
+      for (const Mapping& m : segment->mappings) in_mappings += m.size;
+      if (mapped != segment->mapped || in_mappings != mapped) return false;
+    }
   }
   return indexed == clean_.size() + owned_.size();
 }

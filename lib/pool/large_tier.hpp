@@ -12,14 +12,22 @@
 // completed move to the clean index when they are next looked at, or when a request finds
 // nothing (a sweep of the owned index, before growing).
 //
+// Expandable segments (PoolOptions::expandable_segments, where the device has virtual memory
+// management; expandable.cpp): a segment is then a reservation of addresses backed in part by
+// mappings of physical memory. Its unmapped parts are holes: ranges in no index, never free, that
+// growth maps (at the start of the hole after a free range the request can extend, so that the
+// segment grows in place) and that release_free_segments makes of whole free, covered mappings.
+//
 // Invariants, under the arena mutex: a segment's ranges tile it exactly, in address order; every
 // free range that is not a slab is in exactly one index, the clean one iff it has no need, and
-// no range in use is in either.
+// no range in use is in either; in an expandable segment the ranges that are not holes are
+// exactly its mappings' bytes, and holes begin and end at multiples of the granularity.
 #pragma once
 
 #include "block.hpp"
 #include "failure.hpp"
 
+#include <streampool/device.hpp>
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 
@@ -35,11 +43,21 @@ namespace streampool::detail {
 class PoolCore;
 struct StreamState;
 
-// A device allocation of the arena.
+// Physical memory mapped into an expandable segment: one vm_create, mapped whole.
+struct Mapping {
+  std::size_t offset = 0;  // from the segment's base
+  std::size_t size = 0;
+  VmHandle handle = 0;
+};
+
+// A device allocation of the arena, or (expandable) a reservation of addresses.
 struct Segment {
   std::byte* base = nullptr;
-  std::size_t size = 0;
+  std::size_t size = 0;  // the allocation's bytes, or the reservation's
   Block* first = nullptr;
+  bool expandable = false;
+  std::size_t mapped = 0;          // expandable: the bytes of `mappings`
+  std::vector<Mapping> mappings;   // expandable: by offset
 };
 
 class LargeTier {
@@ -78,9 +96,11 @@ class LargeTier {
   // reserved; the bytes returned.
   std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;
 
-  // Every segment, for the pool's destruction, which sets a segment's base to null once the
-  // device has it back. [no other thread]
+  // Every segment, for the pool's destruction. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
+  // Gives a segment's memory (and an expandable one's addresses) back to the device, each call
+  // tried twice; true once all of it is back (its base is then null). [no other thread]
+  bool return_segment(Segment& segment) noexcept;
   // Adds the arena's part of a breakdown: segments, free ranges.
   void describe(PoolBreakdown& out) noexcept;
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
@@ -115,6 +135,25 @@ class LargeTier {
   Block* new_block();
   void delete_block(Block* b) noexcept;
 
+  // Expandable segments (expandable.cpp).
+  enum class Vm : std::uint8_t { unknown, on, off };
+  struct Plan {
+    Block* hole = nullptr;  // maps `bytes` at the start of this hole
+    std::size_t bytes = 0;
+  };
+  bool expandable() noexcept;  // decided at the first growth [growth_mutex_]
+  Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
+                     Failure& error) noexcept;  // [growth_mutex_]
+  Plan plan_growth(StreamState* s, std::size_t rounded) noexcept;  // [mutex_]
+  bool reserve(std::size_t rounded, Failure& error) noexcept;     // [growth_mutex_]
+  // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`. [growth_mutex_]
+  bool map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept;
+  // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
+  void fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
+  // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved; the bytes
+  // unmapped. [growth_mutex_, mutex_]
+  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep) noexcept;
+
   PoolCore& pool_;
   const PoolOptions& options_;
   std::mutex growth_mutex_;  // one device allocation at a time; taken before mutex_
@@ -123,6 +162,9 @@ class LargeTier {
   std::set<Block*, BySize> clean_;
   std::set<Block*, ByOwner> owned_;
   std::vector<Block*> spare_;
+  Vm vm_ = Vm::unknown;      // [growth_mutex_]
+  std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
+  std::vector<VmHandle> unreleased_;  // unmapped, but the device refused to release [mutex_]
 };
 
 }  // namespace streampool::detail

@@ -90,13 +90,7 @@ bool PoolCore::release_device_memory() noexcept {
   });
   bool all = undestroyed_events_.empty();
   for (const auto& segment : large_.segments()) {
-    if (segment->base == nullptr) continue;  // freed by an earlier attempt
-    if (device_->free(segment->base) == cudaSuccess || device_->free(segment->base) == cudaSuccess) {
-      count_device_free(segment->size);
-      segment->base = nullptr;
-    } else {
-      all = false;
-    }
+    if (!large_.return_segment(*segment)) all = false;  // kept for a later attempt
   }
   return all;
 }

@@ -3,10 +3,13 @@
 // answer, once seen, becomes an assertion of the device contract.
 #include "kernels.hpp"
 
+#include <streampool/cuda_device.hpp>
+
 #include <cuda.h>
 
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <cstdio>
 #include <thread>
 
@@ -186,4 +189,92 @@ TEST_CASE("probe stream ids and capture queries during capture", "[.probe]") {
   cudaStreamDestroy(s);
   cudaStreamDestroy(other);
   SUCCEED("printed");
+}
+
+TEST_CASE("probe the virtual memory calls around capture and their preconditions", "[.probe]") {
+  streampool::CudaDevice device(0);
+  std::size_t granule = 0;
+  report("vm_granularity", device.vm_granularity(&granule));
+  std::printf("probe: granularity %zu bytes\n", granule);
+  if (granule == 0) return;
+  void* base = nullptr;
+  report("vm_reserve 64 granules", device.vm_reserve(&base, 64 * granule));
+  auto* at = static_cast<std::byte*>(base);
+  streampool::VmHandle h1 = 0;
+  streampool::VmHandle h2 = 0;
+  report("vm_create 1 granule", device.vm_create(&h1, granule));
+  report("vm_create 2 granules", device.vm_create(&h2, 2 * granule));
+  report("vm_map misaligned", device.vm_map(at + 4096, granule, h1));
+  report("vm_map with a size other than the handle's", device.vm_map(at, 2 * granule, h1));
+  report("vm_map", device.vm_map(at, granule, h1));
+  report("vm_map over a mapping", device.vm_map(at, 2 * granule, h2));
+  report("vm_map after it", device.vm_map(at + granule, 2 * granule, h2));
+  report("vm_set_access over two mappings", device.vm_set_access(at, 3 * granule));
+  report("vm_set_access past the mappings", device.vm_set_access(at, 4 * granule));
+  report("vm_unmap part of a mapping", device.vm_unmap(at + granule, granule));
+  report("vm_unreserve while mapped", device.vm_unreserve(base, 64 * granule));
+  report("vm_release while mapped", device.vm_release(h2));
+  report("vm_unmap two mappings at once", device.vm_unmap(at, 3 * granule));
+  report("vm_release", device.vm_release(h1));
+  report("vm_create beyond the device", [&] {
+    streampool::VmHandle huge = 0;
+    std::size_t free_bytes = 0, total = 0;
+    device.mem_get_info(&free_bytes, &total);
+    const cudaError_t e = device.vm_create(&huge, (total / granule + 1) * granule);
+    if (e == cudaSuccess) device.vm_release(huge);
+    return e;
+  }());
+  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                    cudaStreamCaptureModeRelaxed}) {
+    const char* name = mode == cudaStreamCaptureModeGlobal        ? "global"
+                       : mode == cudaStreamCaptureModeThreadLocal ? "thread_local"
+                                                                  : "relaxed";
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    streampool::VmHandle mapped = 0;
+    REQUIRE(device.vm_create(&mapped, granule) == cudaSuccess);
+    REQUIRE(device.vm_map(at + 8 * granule, granule, mapped) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at + 8 * granule, granule) == cudaSuccess);
+    const auto during = [&](const char* what, auto&& call) {
+      REQUIRE(cudaStreamBeginCapture(s, mode) == cudaSuccess);
+      const cudaError_t e = call();
+      char line[128];
+      std::snprintf(line, sizeof line, "%s during a %s capture", what, name);
+      report(line, e, s);
+      end(s);
+      return e;
+    };
+    std::size_t g = 0;
+    during("vm_granularity", [&] { return device.vm_granularity(&g); });
+    void* other = nullptr;
+    if (during("vm_reserve", [&] { return device.vm_reserve(&other, granule); }) == cudaSuccess) {
+      device.vm_unreserve(other, granule);
+    }
+    streampool::VmHandle h = 0;
+    const cudaError_t created = during("vm_create", [&] { return device.vm_create(&h, granule); });
+    if (created != cudaSuccess) REQUIRE(device.vm_create(&h, granule) == cudaSuccess);
+    std::byte* const third = at + 16 * granule;
+    const cudaError_t map = during("vm_map", [&] { return device.vm_map(third, granule, h); });
+    if (map != cudaSuccess) REQUIRE(device.vm_map(third, granule, h) == cudaSuccess);
+    during("vm_set_access", [&] { return device.vm_set_access(third, granule); });
+    const cudaError_t unmap = during("vm_unmap", [&] { return device.vm_unmap(third, granule); });
+    if (unmap != cudaSuccess) device.vm_unmap(third, granule);
+    during("vm_release", [&] { return device.vm_release(h); });
+    // Another thread's call during this thread's capture.
+    REQUIRE(cudaStreamBeginCapture(s, mode) == cudaSuccess);
+    cudaError_t from_other = cudaSuccess;
+    std::thread([&] {
+      streampool::VmHandle t = 0;
+      from_other = device.vm_create(&t, granule);
+      if (from_other == cudaSuccess) device.vm_release(t);
+    }).join();
+    char line[128];
+    std::snprintf(line, sizeof line, "vm_create on another thread during a %s capture", name);
+    report(line, from_other, s);
+    end(s);
+    device.vm_unmap(at + 8 * granule, granule);
+    device.vm_release(mapped);
+    cudaStreamDestroy(s);
+  }
+  report("vm_unreserve", device.vm_unreserve(base, 64 * granule));
 }

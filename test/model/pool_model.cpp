@@ -576,7 +576,7 @@ void Model::setup() {
   options_.stream_checks = checks[b0 & 3];
   options_.fence_every_free = ((b0 >> 2) & 3) == 0;
   options_.cross_stream_wait = ((b0 >> 4) & 3) == 0;
-  // Byte 1: statistics, slabs, size classes, large rounding.
+  // Byte 1: statistics, slabs, size classes, large rounding, segments expandable or cudaMalloc's.
   const std::uint8_t b1 = src_.byte();
   const std::size_t granules[] = {0, 0, 64 * KiB, 1 * MiB};
   const std::size_t slabs[] = {1 * MiB, 1 * MiB, 4 * KiB, 64 * KiB};
@@ -585,6 +585,7 @@ void Model::setup() {
   options_.slab_bytes = slabs[(b1 >> 2) & 3];
   options_.size_classes.largest = largest[(b1 >> 4) & 3];
   options_.large_rounding = ((b1 >> 6) & 1) != 0 ? 4 * KiB : 128 * KiB;
+  options_.expandable_segments = ((b1 >> 7) & 1) == 0;
   // Byte 2: segments, the reserved limit, the device's capacity.
   const std::uint8_t b2 = src_.byte();
   const std::size_t segments[] = {20 * MiB, 2 * MiB, 4 * MiB, 20 * MiB};

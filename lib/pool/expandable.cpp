@@ -1,0 +1,362 @@
+// Expandable segments: the large tier on the driver's virtual memory management.
+//
+// A segment is a reservation of addresses (as large as the device's memory) that physical memory
+// is mapped into as the arena needs it. Growth maps only what a request lacks, where it extends
+// a free range the request may use (the clean range, or the requesting stream's own, just before
+// a hole), so the arena grows in place instead of adding a segment beside a fragmented one; and
+// release_free_segments unmaps whole mappings that lie in free, covered ranges, wherever they
+// are, leaving holes that a later growth maps again. docs/design.md says why and what it measured.
+//
+// Mappings are at most segment_bytes (rounded to the granularity): one vm_create, vm_map and
+// vm_set_access each. Holes change only under growth_mutex_ (growth, and release_free_segments,
+// which takes it too), so a plan made under the arena mutex stays valid while the device calls
+// run outside it; the free range before the hole may be taken meanwhile, in which case the
+// request looks again and, if it must, grows once more.
+#include "large_tier.hpp"
+
+#include "pool_core.hpp"
+
+#include <streampool/error.hpp>
+
+#include <algorithm>
+#include <new>
+
+namespace streampool::detail {
+namespace {
+
+std::size_t round_up(std::size_t bytes, std::size_t unit) noexcept {
+  return (bytes + unit - 1) / unit * unit;
+}
+
+// When the device cannot say how large it is: the reservation's size.
+constexpr std::size_t fallback_reservation = std::size_t{64} << 30;
+constexpr int growth_attempts = 4;
+
+}  // namespace
+
+bool LargeTier::expandable() noexcept {
+  if (vm_ == Vm::unknown) {
+    std::size_t granule = 0;
+    const bool on = options_.expandable_segments &&
+                    pool_.device().vm_granularity(&granule) == cudaSuccess && granule > 0 &&
+                    (granule & (granule - 1)) == 0 && granule <= (std::size_t{1} << 30);
+    granule_ = on ? granule : 0;
+    vm_ = on ? Vm::on : Vm::off;
+  }
+  return vm_ == Vm::on;
+}
+
+LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded) noexcept {
+  // The free range just before a hole counts when the request may take it with what is mapped
+  // after it: a clean one, or s's own (extend_own then joins them).
+  const auto usable_before = [&](const Block* hole) -> std::size_t {
+    const Block* left = hole->before;
+    if (left == nullptr || !left->free || left->is_slab) return 0;
+    if (covered(left->need) || (s != nullptr && left->need.timeline == &s->timeline)) {
+      return left->size;
+    }
+    return 0;
+  };
+  Plan best;
+  for (const auto& segment : segments_) {
+    if (!segment->expandable) continue;
+    for (Block* r = segment->first; r != nullptr; r = r->after) {
+      if (!r->hole) continue;
+      const std::size_t before = usable_before(r);
+      std::size_t bytes = round_up(before < rounded ? rounded - before : 1, granule_);
+      if (bytes > r->size) bytes = round_up(rounded, granule_);  // the hole alone, if it can
+      if (bytes > r->size) continue;
+      if (best.hole == nullptr || bytes < best.bytes) best = {r, bytes};
+    }
+  }
+  return best;
+}
+
+bool LargeTier::reserve(std::size_t rounded, Failure& error) noexcept {
+  if (!calls_allowed(Restricted::malloc)) {
+    error = forbidden_now();
+    return false;
+  }
+  Device& device = pool_.device();
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  std::size_t size = device.mem_get_info(&free_bytes, &total) == cudaSuccess && total > 0
+                         ? total
+                         : fallback_reservation;
+  size = round_up(std::max(size, rounded), granule_);
+  void* ptr = nullptr;
+  const cudaError_t status = device.vm_reserve(&ptr, size);
+  if (status != cudaSuccess) {
+    if (status == cudaErrorNotSupported) vm_ = Vm::off;
+    error = Failure::of(status, "cuMemAddressReserve");
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    auto segment = std::make_unique<Segment>();
+    Block* hole = new_block();
+    hole->ptr = static_cast<std::byte*>(ptr);
+    hole->size = size;
+    hole->large = true;
+    hole->free = false;
+    hole->hole = true;
+    hole->segment = segment.get();
+    segment->base = hole->ptr;
+    segment->size = size;
+    segment->first = hole;
+    segment->expandable = true;
+    segments_.push_back(std::move(segment));
+    return true;
+  } catch (const std::bad_alloc&) {
+    device.vm_unreserve(ptr, size);
+    error = Errc::out_of_memory;
+    return false;
+  }
+}
+
+bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept {
+  Device& device = pool_.device();
+  const Segment& segment = *plan.hole->segment;
+  const std::size_t chunk = round_up(options_.segment_bytes, granule_);
+  std::byte* const start = plan.hole->ptr;
+  for (std::size_t done = 0; done < plan.bytes;) {
+    if (!calls_allowed(Restricted::malloc)) {  // a capture began
+      error = forbidden_now();
+      return false;
+    }
+    const std::size_t bytes = std::min(chunk, plan.bytes - done);
+    std::byte* const at = start + done;
+    VmHandle handle = 0;
+    const char* call = "cuMemCreate";
+    cudaError_t status = device.vm_create(&handle, bytes);
+    if (status == cudaSuccess) {
+      call = "cuMemMap";
+      status = device.vm_map(at, bytes, handle);
+      if (status == cudaSuccess) {
+        call = "cuMemSetAccess";
+        status = device.vm_set_access(at, bytes);
+        if (status != cudaSuccess) device.vm_unmap(at, bytes);
+      }
+      if (status != cudaSuccess) device.vm_release(handle);
+    }
+    if (status != cudaSuccess) {
+      if (status == cudaErrorNotSupported) vm_ = Vm::off;
+      error = Failure::of(status, call);  // cudaErrorMemoryAllocation: out_of_memory
+      return false;
+    }
+    // `out` has room: grow_mapped reserved it.
+    out.push_back({static_cast<std::size_t>(at - segment.base), bytes, handle});
+    done += bytes;
+  }
+  return true;
+}
+
+void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept {
+  Segment& segment = *hole->segment;
+  std::size_t bytes = 0;
+  for (const Mapping& m : mappings) {
+    bytes += m.size;
+    pool_.count_device_allocation(m.size);
+  }
+  // Room was reserved before the calls (grow_mapped), so the insertion cannot throw.
+  const auto at = std::upper_bound(segment.mappings.begin(), segment.mappings.end(),
+                                   mappings.front().offset,
+                                   [](std::size_t offset, const Mapping& m) {
+                                     return offset < m.offset;
+                                   });
+  segment.mappings.insert(at, mappings.begin(), mappings.end());
+  segment.mapped += bytes;
+  if (hole->size > bytes) {  // the rest stays a hole
+    *rest = Block{};
+    rest->ptr = hole->ptr + bytes;
+    rest->size = hole->size - bytes;
+    rest->large = true;
+    rest->free = false;
+    rest->hole = true;
+    rest->segment = &segment;
+    rest->before = hole;
+    rest->after = hole->after;
+    if (hole->after != nullptr) hole->after->before = rest;
+    hole->after = rest;
+    hole->size = bytes;
+  } else {
+    delete_block(rest);
+  }
+  // A clean range, merged with clean neighbours only: an owned neighbour keeps its need (its
+  // owner's request takes both through extend_own), as in put().
+  Block* range = hole;
+  range->hole = false;
+  range->need = {};
+  const auto clean = [&](Block* neighbour) {
+    return neighbour != nullptr && neighbour->free && !neighbour->is_slab && normalize(neighbour);
+  };
+  while (clean(range->before)) {
+    Block* left = range->before;
+    unindex(left);
+    absorb_next(left);
+    range = left;
+  }
+  while (clean(range->after)) {
+    unindex(range->after);
+    absorb_next(range);
+  }
+  index(range);
+}
+
+Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
+                              Failure& error) noexcept {
+  for (int attempt = 0; attempt < growth_attempts; ++attempt) {
+    Plan plan;
+    Block* rest = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      plan = plan_growth(s, rounded);
+      if (plan.hole != nullptr) {
+        // What fill() needs, taken now so that nothing can fail once memory is mapped.
+        try {
+          const std::size_t chunk = round_up(options_.segment_bytes, granule_);
+          Segment& segment = *plan.hole->segment;
+          segment.mappings.reserve(segment.mappings.size() + (plan.bytes + chunk - 1) / chunk);
+          rest = new_block();
+        } catch (const std::bad_alloc&) {
+          error = Errc::out_of_memory;
+          return nullptr;
+        }
+      }
+    }
+    if (plan.hole == nullptr) {
+      if (!reserve(rounded, error)) return nullptr;
+      continue;
+    }
+    std::vector<Mapping> mappings;
+    try {
+      mappings.reserve(plan.bytes / granule_ + 1);
+    } catch (const std::bad_alloc&) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      delete_block(rest);
+      error = Errc::out_of_memory;
+      return nullptr;
+    }
+    const bool mapped = map(plan, mappings, error);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (mappings.empty()) delete_block(rest);
+      else fill(plan.hole, mappings, rest);  // what was mapped stays, also after a failure
+    }
+    if (!mappings.empty() && grew != nullptr) *grew = true;
+    if (!mapped) return nullptr;
+    if (Block* range = find(s, rounded, had)) return range;
+  }
+  error = Errc::out_of_memory;
+  return nullptr;
+}
+
+std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep) noexcept {
+  Device& device = pool_.device();
+  std::size_t released = 0;
+  Block* r = segment.first;
+  for (std::size_t i = 0; i < segment.mappings.size();) {
+    if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
+    const Mapping m = segment.mappings[i];
+    std::byte* const begin = segment.base + m.offset;
+    std::byte* const end = begin + m.size;
+    while (r->ptr + r->size <= begin) r = r->after;
+    const bool whole = r->free && !r->is_slab && r->ptr + r->size >= end && normalize(r);
+    Block* left = nullptr;
+    Block* right = nullptr;
+    try {
+      if (whole && r->ptr < begin) left = new_block();
+      if (whole && r->ptr + r->size > end) right = new_block();
+    } catch (const std::bad_alloc&) {
+      if (left != nullptr) delete_block(left);
+      ++i;
+      continue;
+    }
+    if (!whole || !calls_allowed(Restricted::free) ||
+        device.vm_unmap(begin, m.size) != cudaSuccess) {
+      if (left != nullptr) delete_block(left);
+      if (right != nullptr) delete_block(right);
+      ++i;
+      continue;
+    }
+    // Unmapped: the handle goes too (its memory returns now that nothing maps it); a release the
+    // device refuses leaves the memory with the device until the pool is destroyed.
+    if (device.vm_release(m.handle) != cudaSuccess && device.vm_release(m.handle) != cudaSuccess) {
+      try {
+        unreleased_.push_back(m.handle);
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    // r becomes [r->ptr, begin) clean + the hole [begin, end) + [end, ...) clean.
+    unindex(r);
+    const auto split = [&](Block* range, Block* piece, std::byte* at) {
+      *piece = Block{};
+      piece->ptr = at;
+      piece->size = static_cast<std::size_t>(range->ptr + range->size - at);
+      piece->large = true;
+      piece->segment = &segment;
+      piece->before = range;
+      piece->after = range->after;
+      if (range->after != nullptr) range->after->before = piece;
+      range->after = piece;
+      range->size -= piece->size;
+      return piece;
+    };
+    if (left != nullptr) {
+      Block* hole = split(r, left, begin);
+      index(r);
+      r = hole;
+    }
+    if (right != nullptr) index(split(r, right, end));
+    r->free = false;
+    r->hole = true;
+    r->need = {};
+    while (r->before != nullptr && r->before->hole) {
+      r = r->before;
+      absorb_next(r);
+    }
+    while (r->after != nullptr && r->after->hole) absorb_next(r);
+    segment.mapped -= m.size;
+    segment.mappings.erase(segment.mappings.begin() + static_cast<std::ptrdiff_t>(i));
+    pool_.count_device_free(m.size);
+    released += m.size;
+  }
+  return released;
+}
+
+bool LargeTier::return_segment(Segment& segment) noexcept {
+  if (segment.base == nullptr) return true;
+  Device& device = pool_.device();
+  if (!segment.expandable) {
+    if (device.free(segment.base) != cudaSuccess && device.free(segment.base) != cudaSuccess) {
+      return false;
+    }
+    pool_.count_device_free(segment.size);
+    segment.base = nullptr;
+    return true;
+  }
+  const auto twice = [](auto&& call) { return call() == cudaSuccess || call() == cudaSuccess; };
+  std::erase_if(segment.mappings, [&](const Mapping& m) {
+    std::byte* const at = segment.base + m.offset;
+    if (!twice([&] { return device.vm_unmap(at, m.size); })) return false;
+    if (!twice([&] { return device.vm_release(m.handle); })) {
+      try {
+        unreleased_.push_back(m.handle);
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    segment.mapped -= m.size;
+    pool_.count_device_free(m.size);
+    return true;
+  });
+  std::erase_if(unreleased_,
+                [&](VmHandle h) { return twice([&] { return device.vm_release(h); }); });
+  if (!segment.mappings.empty() ||
+      !twice([&] { return device.vm_unreserve(segment.base, segment.size); })) {
+    return false;
+  }
+  segment.base = nullptr;
+  return true;
+}
+
+}  // namespace streampool::detail

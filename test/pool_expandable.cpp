@@ -1,0 +1,279 @@
+// Expandable segments (PoolOptions::expandable_segments): the large tier on reservations of
+// addresses that physical memory is mapped into as needed, grown in place, unmapped by trim and
+// the out-of-memory ladder, and the fallback to cudaMalloc segments.
+#include "pool_helpers.hpp"
+
+#include <streampool/error.hpp>
+
+#include <random>
+#include <vector>
+
+using streampool::Errc;
+using streampool::Error;
+using streampool::FakeDevice;
+using Call = streampool::FakeDevice::Call;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+streampool::PoolOptions vm_options() {
+  auto options = test_options();
+  options.expandable_segments = true;
+  options.segment_bytes = 20 * MiB;
+  options.large_rounding = 128 * KiB;
+  options.large_shelf = 0;  // every drop goes back to the arena, where the growth rules act
+  return options;
+}
+
+FakeDevice::Options host_backed() {
+  FakeDevice::Options o;
+  o.host_backed = true;
+  return o;
+}
+
+std::int64_t reserved(streampool::MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
+}  // namespace
+
+TEST_CASE("a segment grows in place: a request maps only what the free range before the hole "
+          "lacks") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto first = Bytes::alloc_async(*pool, 3 * MiB, a);
+  CHECK(fake.calls(Call::malloc) == 0);
+  CHECK(fake.calls(Call::vm_reserve) == 1);
+  CHECK(fake.calls(Call::vm_create) == 1);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));  // 3 MiB in 2 MiB granules
+
+  // 1 MiB is left mapped after `first`: the next 3 MiB takes it and 2 MiB mapped after it.
+  auto second = Bytes::alloc_async(*pool, 3 * MiB, a);
+  CHECK(second.data() == first.data() + 3 * MiB);
+  CHECK(fake.calls(Call::vm_create) == 2);
+  CHECK(fake.calls(Call::vm_reserve) == 1);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(6 * MiB));
+  CHECK(pool->breakdown().segments == 1);
+  CHECK(pool->breakdown().segment_bytes == static_cast<std::int64_t>(6 * MiB));
+
+  SECTION("a request larger than segment_bytes is mapped in chunks of at most that") {
+    auto big = Bytes::alloc_async(*pool, 50 * MiB, a);
+    CHECK(big.data() == second.data() + 3 * MiB);
+    CHECK(fake.calls(Call::vm_create) == 2 + 3);  // 20 + 20 + 10 MiB
+    CHECK(fake.calls(Call::vm_set_access) == 2 + 3);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(56 * MiB));
+  }
+  SECTION("trim unmaps everything free and gives the addresses back") {
+    first.reset();
+    second.reset();
+    pool->trim(0);
+    CHECK(reserved(*pool) == 0);
+    CHECK(fake.live_bytes() == 0);
+    CHECK(fake.live_vm_handles() == 0);
+    CHECK(fake.live_reservations() == 0);
+    auto again = Bytes::alloc_async(*pool, 3 * MiB, a);  // a new reservation
+    CHECK(fake.calls(Call::vm_reserve) == 2);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));
+  }
+}
+
+TEST_CASE("trim unmaps free mappings in the middle of a segment, and growth maps the hole "
+          "again") {
+  PoolOnFake pool(vm_options(), host_backed());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto middle = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  std::byte* const hole = middle.data();
+  REQUIRE(reserved(*pool) == static_cast<std::int64_t>(60 * MiB));
+  middle.reset();
+  pool->trim(0);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(40 * MiB));
+  CHECK(fake.live_vm_handles() == 2);
+  CHECK(pool->breakdown().segment_bytes == static_cast<std::int64_t>(40 * MiB));
+  // The buffers on either side are still the device's memory, and usable.
+  left.data()[0] = std::byte{1};
+  right.data()[20 * MiB - 1] = std::byte{2};
+
+  auto refill = Bytes::alloc_async(*pool, 20 * MiB, a);
+  CHECK(refill.data() == hole);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(60 * MiB));
+  refill.data()[0] = std::byte{3};  // host-backed: mapped and accessible again
+  write_on(fake, a, refill);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("growth never joins the new memory to another stream's uncovered range") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto on_a = Bytes::alloc_async(*pool, 4 * MiB, a);  // fills its 2 granules
+  write_on(fake, a, on_a);  // pending
+  std::byte* const a_range = on_a.data();
+  on_a.reset();  // a's range, free, waits for a's work: the range just before the hole
+  auto on_b = Bytes::alloc_async(*pool, 4 * MiB, b);
+  CHECK((on_b.data() >= a_range + 4 * MiB || on_b.data() + 4 * MiB <= a_range));
+  write_on(fake, b, on_b);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+TEST_CASE("a stream's own free range before the hole is extended for that stream") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto keep_b = Bytes::alloc_async(*pool, 1 * MiB, b);  // the pool has seen two streams
+  auto on_a = Bytes::alloc_async(*pool, 1 * MiB, a);
+  write_on(fake, a, on_a);
+  std::byte* const at = on_a.data();
+  on_a.reset();  // a's own, pending: [1 MiB, 2 MiB), the hole right after it
+  const auto creates = fake.calls(Call::vm_create);
+  auto bigger = Bytes::alloc_async(*pool, 3 * MiB, a);
+  CHECK(bigger.data() == at);  // its own range, and what was mapped after it
+  CHECK(fake.calls(Call::vm_create) == creates + 1);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));
+  write_on(fake, a, bigger);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("without virtual memory, or with expandable_segments=false, segments are cudaMalloc's") {
+  SECTION("a device without virtual memory management") {
+    FakeDevice::Options no_vm;
+    no_vm.virtual_memory = false;
+    PoolOnFake pool(vm_options(), no_vm);
+    cudaStream_t a = pool.fake().create_stream();
+    auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+    CHECK(pool.fake().calls(Call::malloc) == 1);
+    CHECK(pool.fake().calls(Call::vm_granularity) == 1);
+    CHECK(pool.fake().calls(Call::vm_reserve) == 0);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(20 * MiB));
+  }
+  SECTION("turned off in the options: no virtual memory call at all") {
+    auto options = vm_options();
+    options.expandable_segments = false;
+    PoolOnFake pool(options);
+    cudaStream_t a = pool.fake().create_stream();
+    auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+    CHECK(pool.fake().calls(Call::malloc) == 1);
+    CHECK(pool.fake().calls(Call::vm_granularity) == 0);
+  }
+  SECTION("turned off through STREAMPOOL_CONF") {
+    const auto options = streampool::PoolOptions::parse("expandable_segments=false", vm_options());
+    CHECK_FALSE(options.expandable_segments);
+    CHECK(streampool::PoolOptions::parse(options.to_conf(), vm_options()) == options);
+  }
+  SECTION("a reservation the device says it cannot do: segments from then on") {
+    PoolOnFake pool(vm_options());
+    pool.fake().fail_next(Call::vm_reserve, 1, cudaErrorNotSupported);
+    cudaStream_t a = pool.fake().create_stream();
+    auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+    CHECK(pool.fake().calls(Call::malloc) == 1);
+    auto more = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(pool.fake().calls(Call::vm_reserve) == 1);
+    CHECK(pool.fake().calls(Call::malloc) == 2);
+  }
+}
+
+TEST_CASE("a failed virtual memory call is reported by name, and leaks nothing") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  const auto fails = [&](Call call, const char* name, cudaError_t status) {
+    fake.fail_next(call, 1000, status);
+    try {
+      auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+      FAIL("the allocation succeeded");
+    } catch (const Error& e) {
+      CHECK(e.cuda_error() == status);
+      CHECK(std::string(e.what()).find(name) != std::string::npos);
+    }
+    fake.fail_next(call, 0);
+    CHECK(fake.live_vm_handles() == 0);
+    CHECK(fake.live_bytes() == 0);
+    auto after = Bytes::alloc_async(*pool, 3 * MiB, a);  // works again once the fault clears
+    CHECK(after.data() != nullptr);
+  };
+  SECTION("cuMemCreate out of memory") {
+    fails(Call::vm_create, "cuMemCreate", cudaErrorMemoryAllocation);
+  }
+  SECTION("cuMemMap") { fails(Call::vm_map, "cuMemMap", cudaErrorInvalidValue); }
+  SECTION("cuMemSetAccess") {
+    fails(Call::vm_set_access, "cuMemSetAccess", cudaErrorInvalidValue);
+  }
+  SECTION("cuMemAddressReserve") {
+    fails(Call::vm_reserve, "cuMemAddressReserve", cudaErrorMemoryAllocation);
+  }
+}
+
+TEST_CASE("max_reserved_bytes limits the mapped memory") {
+  auto options = vm_options();
+  options.max_reserved_bytes = 8 * MiB;
+  PoolOnFake pool(options);
+  cudaStream_t a = pool.fake().create_stream();
+  auto first = Bytes::alloc_async(*pool, 6 * MiB, a);
+  try {
+    auto second = Bytes::alloc_async(*pool, 6 * MiB, a);
+    FAIL("past the limit");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::out_of_memory);
+  }
+  first.reset();
+  auto third = Bytes::alloc_async(*pool, 8 * MiB, a);  // the freed memory, and 2 MiB more
+  CHECK(reserved(*pool) <= static_cast<std::int64_t>(8 * MiB));
+}
+
+TEST_CASE("buffers outliving their pool give its mappings and addresses back at the last drop") {
+  auto device = std::make_shared<FakeDevice>();
+  cudaStream_t a = device->create_stream();
+  Bytes survivor;
+  {
+    streampool::MemoryPool pool(device, vm_options());
+    survivor = Bytes::alloc_async(pool, 30 * MiB, a);
+    auto small = Bytes::alloc_async(pool, 1000, a);
+  }
+  CHECK(device->live_reservations() == 1);
+  survivor.reset();
+  CHECK(device->live_bytes() == 0);
+  CHECK(device->live_vm_handles() == 0);
+  CHECK(device->live_reservations() == 0);
+}
+
+TEST_CASE("random sizes on several streams, with trims: no overlap, no race, nothing left") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(fake.create_stream());
+  std::mt19937_64 random(7);
+  std::vector<std::pair<Bytes, cudaStream_t>> live;
+  for (int step = 0; step < 3000; ++step) {
+    const auto roll = random() % 100;
+    if (roll < 55 || live.empty()) {
+      const std::size_t bytes = roll % 3 == 0 ? 1 + random() % (64 * KiB)
+                                              : 256 * KiB + random() % (40 * MiB);
+      cudaStream_t s = streams[random() % streams.size()];
+      Bytes buffer = Bytes::alloc_async(*pool, bytes, s);
+      write_on(fake, s, buffer);
+      live.emplace_back(std::move(buffer), s);
+    } else if (roll < 97) {
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+    } else if (roll < 99) {
+      fake.complete(streams[random() % streams.size()]);
+    } else {
+      pool->trim(random() % (64 * MiB));
+    }
+    if (live.size() > 40) live.erase(live.begin());
+  }
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  live.clear();
+  pool->trim(0);
+  CHECK(reserved(*pool) == 0);
+  CHECK(fake.live_bytes() == 0);
+  CHECK(fake.live_vm_handles() == 0);
+}
