@@ -43,6 +43,8 @@ class STREAMPOOL_API DevicePools {
   // Ordinals 0 .. max_devices - 1; others are Error(Errc::no_device).
   static constexpr int max_devices = 64;
 
+  // Hooks may be called from several threads at once; make_pool runs under the device's lock,
+  // so it must not look up that device in the same registry.
   struct Hooks {
     // Makes the pool of a device on its first lookup; may throw (the lookup then throws the
     // same, and a later lookup tries again). Default: MemoryPool(CudaDevice(ordinal)).

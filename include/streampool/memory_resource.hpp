@@ -15,9 +15,10 @@
 //   allocate_async(bytes, alignment, stream)      allocate(stream, bytes, alignment)
 //   deallocate_async(ptr, bytes, alignment, stream)  deallocate(stream, ptr, bytes, alignment)
 //
-// With CCCL 3.0 the concepts exist only under LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE:
-// this header defines it when no CCCL memory-resource header has been included yet, and stops
-// with an #error naming the macro when one was included without it.
+// With CCCL 3.0 the concepts exist only under LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+// (and with 3.1 resource_ref still does): this header defines it when it is not defined, and with
+// CCCL 3.0 stops with an #error naming the macro when a CCCL memory-resource header was included
+// before without it.
 //
 // Semantics, member by member:
 //   - the stream-ordered pair is MemoryPool::allocate / deallocate on that stream, with the
@@ -52,16 +53,18 @@
 
 #if CCCL_MAJOR_VERSION < 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION < 1)
 #  define STREAMPOOL_CCCL_EXPERIMENTAL_MR 1
-#  if !defined(LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE)
-#    if defined(_CUDA__MEMORY_RESOURCE_PROPERTIES_H) || defined(_CUDA__MEMORY_RESOURCE_RESOURCE_H)
-#      error "<streampool/memory_resource.hpp>: a CCCL memory-resource header was included " \
-             "without LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE; define it for the whole " \
-             "build (e.g. -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE)"
-#    endif
-#    define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#  endif
 #else
 #  define STREAMPOOL_CCCL_EXPERIMENTAL_MR 0
+#endif
+// CCCL 3.0 keeps the concepts behind the macro, and 3.1 still keeps resource_ref there.
+#if !defined(LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE)
+#  if STREAMPOOL_CCCL_EXPERIMENTAL_MR && \
+      (defined(_CUDA__MEMORY_RESOURCE_PROPERTIES_H) || defined(_CUDA__MEMORY_RESOURCE_RESOURCE_H))
+#    error "<streampool/memory_resource.hpp>: a CCCL memory-resource header was included " \
+           "without LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE; define it for the whole " \
+           "build (-DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE)"
+#  endif
+#  define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
 #endif
 
 #include <cuda/memory_resource>
