@@ -158,6 +158,16 @@ int CudaDevice::count() noexcept {
   return n;
 }
 
+int CudaDevice::current() {
+  int ordinal = 0;
+  const cudaError_t status = cudaGetDevice(&ordinal);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(Errc::no_device, status, "CudaDevice::current: cudaGetDevice");
+  }
+  return ordinal;
+}
+
 CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   int n = 0;
   const cudaError_t status = cudaGetDeviceCount(&n);

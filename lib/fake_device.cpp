@@ -55,6 +55,16 @@ constexpr std::size_t alignment = 256;
 // Where simulated (not host-backed) allocations start: far from the null page, and recognisable
 // in a hazard message.
 constexpr std::uintptr_t first_device_address = 0x7f0000000000;
+// Each ordinal's allocations start a window further, as CUDA's unified address space gives every
+// GPU its own range: pointers of two fakes never compare equal, so a pointer handed to the wrong
+// device's pool is not mistaken for one of its own (as long as each fake allocates under 1 TiB in
+// all: addresses are never reused).
+constexpr std::uintptr_t device_window = std::uintptr_t{1} << 40;
+
+std::uintptr_t first_address_of(int ordinal) noexcept {
+  return first_device_address +
+         device_window * static_cast<std::uintptr_t>(ordinal < 0 ? 0 : ordinal);
+}
 // Stream handles look like small pointers, clear of 0, cudaStreamLegacy (0x1) and
 // cudaStreamPerThread (0x2). Events, graphs, executable graphs and user objects share one
 // counter in another range, so a handle of one kind is never mistaken for another kind's.
@@ -303,7 +313,7 @@ struct FakeDevice::State {
   bool auto_complete;
   std::size_t capacity = options.capacity;
   std::size_t live_bytes = 0;
-  std::uintptr_t next_address = first_device_address;
+  std::uintptr_t next_address = first_address_of(options.ordinal);
   std::map<std::uintptr_t, Allocation> allocations;
   std::map<std::uintptr_t, Reservation> reservations;
   std::unordered_map<VmHandle, PhysicalMemory> physical;

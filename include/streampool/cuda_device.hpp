@@ -14,6 +14,9 @@ class STREAMPOOL_API CudaDevice final : public Device {
 
   // The number of GPUs CUDA sees, 0 where there is no driver or no GPU. Never throws.
   static int count() noexcept;
+  // The calling thread's current device (cudaGetDevice): 0 until the thread sets another.
+  // Throws Error(Errc::no_device) where there is no driver or no GPU.
+  static int current();
 
   int ordinal() const noexcept override { return ordinal_; }
 #define STREAMPOOL_DEVICE_CALL(name, params, args) cudaError_t name params noexcept override;

@@ -6,6 +6,8 @@
 // of stream-ordered allocation depends on it:
 //
 //   memory   addresses in a simulated device address space, 256-byte aligned and never reused,
+//            in a window of its own for each ordinal (1 TiB apart, as GPUs share one address
+//            space, so two fakes of different ordinals never give the same address),
 //            not backed by host memory unless Options::host_backed is set; a capacity past which
 //            malloc fails with cudaErrorMemoryAllocation.
 //   virtual  the cuMem* calls: reservations of addresses, physical memory counted against the
@@ -36,8 +38,9 @@
 // create_stream(); stream ids never are. cudaStreamPerThread names a different stream in each
 // thread; 0 and cudaStreamLegacy name the legacy default stream. Not simulated: the legacy default
 // stream's implicit synchronization with blocking streams (the fake treats every stream as
-// independent, which can only report more hazards, never fewer), timing, multiple devices, and
-// streams joining a capture through events recorded in it (a capture covers one stream).
+// independent, which can only report more hazards, never fewer), timing, a current device and
+// peer access (each fake is one device of its ordinal, and nothing more), and streams joining a
+// capture through events recorded in it (a capture covers one stream).
 //
 // Thread-safe: every member may be called from any thread.
 #pragma once

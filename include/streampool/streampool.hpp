@@ -1,9 +1,11 @@
-// streampool: a stream-ordered caching allocator for CUDA. The umbrella header.
+// streampool: a stream-ordered caching allocator for CUDA. The umbrella header. Not included, as
+// they need CCCL's headers: <streampool/memory_resource.hpp>, <streampool/thrust_allocator.hpp>.
 #pragma once
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/cuda_device.hpp>
 #include <streampool/device.hpp>
+#include <streampool/device_pools.hpp>
 #include <streampool/error.hpp>
 #include <streampool/fake_device.hpp>
 #include <streampool/size_classes.hpp>

@@ -1,7 +1,10 @@
 // A consumer's CUDA source: nvcc compiles the headers (C++20 through the target) and a kernel
 // that writes a PooledBuffer. Its main runs on the fake device, and launches the kernel only
-// where there is a GPU.
+// where there is a GPU. The CCCL resource and the thrust allocator, headers that only a CUDA
+// source can take whole, are used here too.
+#include <streampool/memory_resource.hpp>
 #include <streampool/streampool.hpp>
+#include <streampool/thrust_allocator.hpp>
 
 #include <cstdio>
 
@@ -21,6 +24,15 @@ int main() {
       auto buffer = streampool::PooledBuffer<float>::alloc_async(pool, 256, stream);
       if (buffer.byte_size() != 256 * sizeof(float)) return 1;
     }
+    streampool::PoolResource resource(pool);
+    void* raw = resource.allocate(cuda::stream_ref(stream), 4096, 256);
+    streampool::ThrustAllocator<char> scratch(pool, stream);
+    auto chars = scratch.allocate(1000);
+    if (raw == nullptr || chars.get() == nullptr || pool.stats().live_allocations.current != 2) {
+      return 1;
+    }
+    resource.deallocate(cuda::stream_ref(stream), raw, 4096, 256);
+    scratch.deallocate(chars, 1000);
     pool.release_stream(stream);
     fake->destroy_stream(stream);
   }
