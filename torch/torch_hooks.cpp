@@ -58,8 +58,9 @@ STREAMPOOL_TORCH_API int streampool_torch_install(void) {
   try {
     std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator =
         pluggable::createCustomAllocator(alloc, free_fn);
-    auto* hooks = dynamic_cast<pluggable::CUDAPluggableAllocator*>(allocator.get());
-    TORCH_CHECK(hooks != nullptr, "createCustomAllocator made no CUDAPluggableAllocator");
+    // createCustomAllocator makes a CUDAPluggableAllocator (and returns it as its base); a
+    // static cast needs no type information from libtorch_cuda.
+    auto* hooks = static_cast<pluggable::CUDAPluggableAllocator*>(allocator.get());
 
     // Tensor.record_stream(stream): without this hook it does nothing at all.
     hooks->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
