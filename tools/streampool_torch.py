@@ -167,7 +167,15 @@ def use_mem_pool(pool, all_threads=True, device=None):
             yield
         return
     index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-    torch._C._cuda_beginAllocateToPool(index, pool.id)
+    try:
+        torch._C._cuda_beginAllocateToPool(index, pool.id)
+    except TypeError as e:  # a PyTorch whose private binding takes other arguments
+        import warnings
+
+        warnings.warn(f"_cuda_beginAllocateToPool: {e}; routing this thread's allocations only")
+        with torch.cuda.use_mem_pool(pool, device=device):
+            yield
+        return
     try:
         yield
     finally:

@@ -247,7 +247,13 @@ void* streampool_torch_alloc_or_throw(ssize_t size, int device, cudaStream_t str
 void streampool_torch_free(void* ptr, ssize_t /*size*/, int device, cudaStream_t stream) {
   if (ptr == nullptr) return;
   const RelaxedCaptureMode relaxed;
-  if (DevicePool* d = existing(device)) attach_prepared(*d);
+  if (DevicePool* d = existing(device)) {
+    try {
+      attach_prepared(*d);
+    } catch (const std::exception& e) {
+      fail(e.what());  // the drop goes on: a capture that cannot be asked is lost anyway
+    }
+  }
   Buffer buffer = take(ptr, device);
   if (buffer.is_empty()) return;
   if (stream != buffer.stream()) {
@@ -263,7 +269,7 @@ void streampool_torch_free(void* ptr, ssize_t /*size*/, int device, cudaStream_t
 }
 
 int streampool_torch_record_stream(void* ptr, cudaStream_t stream) {
-  if (ptr == nullptr) return fail("record_stream: null pointer");
+  if (ptr == nullptr) return 0;  // an empty tensor's storage, as PyTorch's allocator does
   const RelaxedCaptureMode relaxed;
   for (int i = 0; i < max_devices; ++i) {
     DevicePool* d = existing(i);

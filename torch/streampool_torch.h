@@ -44,7 +44,8 @@ STREAMPOOL_TORCH_API void streampool_torch_free(void* ptr, ssize_t size, int dev
                                                 cudaStream_t stream);
 
 /* Tensor.record_stream: the memory at `ptr` is also used by work on `stream`, and is recycled
- * only after that work too. -1 for a pointer these functions did not hand out (or freed). */
+ * only after that work too. Null (an empty tensor) does nothing; -1 for a pointer these
+ * functions did not hand out (or freed). */
 STREAMPOOL_TORCH_API int streampool_torch_record_stream(void* ptr, cudaStream_t stream);
 
 /* streampool's PoolStats of one device, flattened; plus the failed allocations of this layer. */

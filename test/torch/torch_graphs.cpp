@@ -144,3 +144,33 @@ TEST_CASE("the graph hooks refuse what PyTorch would never ask") {
   REQUIRE(fake.graph_exec_destroy(graph.exec) == cudaSuccess);
   REQUIRE(streampool_torch_release_pool(0, 3, 0) == 0);
 }
+
+TEST_CASE("a capture prepared by the begin hook and never begun is given up by the end hook") {
+  // PyTorch's capture_begin can fail between the hook and cudaStreamBeginCapture.
+  TorchOnFakes torch;
+  FakeDevice& fake = torch.fake(0);
+  cudaStream_t s = fake.create_stream();
+  REQUIRE(streampool_torch_begin_allocate_to_pool(0, 9, 0, s) == 0);
+  void* p = streampool_torch_alloc(4096, 0, s);  // not capturing: the shared cache
+  REQUIRE(p != nullptr);
+  streampool_torch_free(p, 4096, 0, s);
+  REQUIRE(streampool_torch_trim(0) == -1);  // the capture counts as under way
+  REQUIRE(streampool_torch_end_allocate_to_pool(0, 9, 0) == 0);
+  REQUIRE(streampool_torch_release_pool(0, 9, 0) == 0);
+  REQUIRE(streampool_torch_trim(0) == 0);
+  REQUIRE(fake.live_bytes() == 0);
+  SECTION("and the stream can be captured again") {
+    REQUIRE(streampool_torch_begin_allocate_to_pool(0, 10, 0, s) == 0);
+    REQUIRE(fake.begin_capture(s, CaptureMode::relaxed) == cudaSuccess);
+    void* q = streampool_torch_alloc(4096, 0, s);
+    REQUIRE(q != nullptr);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+    REQUIRE(streampool_torch_end_allocate_to_pool(0, 10, 0) == 0);
+    REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+    streampool_torch_free(q, 4096, 0, s);
+    REQUIRE(streampool_torch_release_pool(0, 10, 0) == 0);
+    REQUIRE(streampool_torch_trim(0) == 0);
+    REQUIRE(fake.live_bytes() == 0);
+  }
+}
