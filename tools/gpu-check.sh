@@ -8,7 +8,7 @@
 #                                     stress-sanitize (CHURN_SECONDS: the churn stage's length;
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
 #                                     streampool, tools/torch_check.py; TORCH_STEPS: training
-#                                     steps per run, 200 by default)
+#                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50)
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -123,8 +123,8 @@ if want torch; then
       true; } &&
     stage torch-check bash -o pipefail -c \
       'STREAMPOOL_TORCH_LIB_DIR="$2"/torch python3 "$1"/tools/torch_check.py --steps "$3" \
-         --json "$4"/torch-check.json | tee "$4"/torch-check.md' \
-      _ "$root" "$torch_build" "${TORCH_STEPS:-200}" "$out"
+         --models "$5" --json "$4"/torch-check.json | tee "$4"/torch-check.md' \
+      _ "$root" "$torch_build" "${TORCH_STEPS:-200}" "$out" "${TORCH_MODELS:-gpt2,resnet50}"
 fi
 if want bench && [ -x "$build/bench/streampool-bench" ]; then
   stage bench "$root/tools/bench-h200.sh" "$build/bench/streampool-bench" "$root/bench-out"
