@@ -228,7 +228,8 @@ namespace {
 // Gives up a capture prepared and not attached: the stream, the claim and the note go.
 void unprepare(detail::CaptureBinding& binding) noexcept {
   const detail::CaptureBinding::Capture capture = binding.capture();
-  if (capture.active || capture.stream == nullptr) return;
+  // Nothing prepared: asked of the state, as the legacy stream's handle is null.
+  if (capture.active || capture.origin == nullptr) return;
   detail::CaptureGate::of(binding.core())
       .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
   detail::note_capture_end(capture.mode, capture.thread);
@@ -284,7 +285,7 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
   detail::CaptureBinding& binding = pool->binding();
   detail::CaptureBinding::Capture capture = binding.capture();
   if (capture.active) return true;
-  if (capture.stream == nullptr) {
+  if (capture.origin == nullptr) {  // the legacy stream is a null handle: the state tells
     throw Error(Errc::capture_mismatch, "attach_capture_with_pool: no capture prepared");
   }
   detail::PoolCore& core = binding.core();
