@@ -6,7 +6,9 @@
 #   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all),
 #                                     and, asked for by name: stress stress-ab stress-paced churn
 #                                     stress-sanitize (CHURN_SECONDS: the churn stage's length;
-#                                     MAX_IN_FLIGHT: the paced stage's bound)
+#                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
+#                                     streampool, tools/torch_check.py; TORCH_STEPS: training
+#                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50)
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -44,14 +46,21 @@ stage() {  # stage NAME command...: runs it, logs everything, keeps one summary 
   nproc
 } >"$log" 2>&1
 
-stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 || { cat "$log"; exit 1; }
-# The stress stages need the bench alone.
-targets=()
-only_stress=1
-for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
-((only_stress)) && targets=(--target streampool-bench)
-stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
+# The torch stage builds in a folder of its own (below): the main build leaves the PyTorch hooks
+# out, so that a PyTorch whose headers do not take them cannot fail the other stages.
+only_torch=1
+for s in "${stages[@]}"; do [[ $s == torch ]] || only_torch=0; done
+if ((!only_torch)); then
+  stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF ||
+    { cat "$log"; exit 1; }
+  # The stress stages need the bench alone.
+  targets=()
+  only_stress=1
+  for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
+  ((only_stress)) && targets=(--target streampool-bench)
+  stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
+fi
 
 gpu_tests=$build/test/gpu/streampool_gpu_tests
 if want tests; then
@@ -100,6 +109,22 @@ if want stress-sanitize; then
     stage "stress-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$stress_bench" stress --seconds 5 --threads 4 --churn 64 --interval 5
   done
+fi
+# PyTorch on streampool (docs/pytorch.md): the allocator library, its hooks (needs PyTorch's
+# C++ headers; the check runs without them if they fail to build), then tools/torch_check.py.
+if want torch; then
+  torch_build=$root/build-torch
+  stage torch-configure cmake -S "$root" -B "$torch_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_BUILD_TESTS=OFF \
+    -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF -DSTREAMPOOL_TORCH_HOOKS=ON &&
+    stage torch-lib cmake --build "$torch_build" -j "$(nproc)" --target streampool_torch &&
+    { rm -f "$torch_build"/torch/libstreampool_torch_hooks.so*  # none left if the build fails
+      stage torch-hooks cmake --build "$torch_build" -j "$(nproc)" --target streampool_torch_hooks
+      true; } &&
+    stage torch-check bash -o pipefail -c \
+      'STREAMPOOL_TORCH_LIB_DIR="$2"/torch python3 "$1"/tools/torch_check.py --steps "$3" \
+         --models "$5" --json "$4"/torch-check.json | tee "$4"/torch-check.md' \
+      _ "$root" "$torch_build" "${TORCH_STEPS:-200}" "$out" "${TORCH_MODELS:-gpt2,resnet50}"
 fi
 if want bench && [ -x "$build/bench/streampool-bench" ]; then
   stage bench "$root/tools/bench-h200.sh" "$build/bench/streampool-bench" "$root/bench-out"

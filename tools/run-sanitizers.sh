@@ -31,12 +31,13 @@ for kind in "${kinds[@]}"; do
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSTREAMPOOL_DEBUG_CHECKS=2 -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
-  cmake --build "$build" --target streampool_tests
+  cmake --build "$build" --target streampool_tests streampool_torch_tests
   built=$SECONDS
-  # Every test case CTest knows of the executable (the GPU tests, the header check and the
-  # consumer projects need what is not built here).
+  # Every test case CTest knows of the executables (the GPU tests, the header check, the consumer
+  # projects and the Python binding, which loads an instrumented library into an uninstrumented
+  # python3, need what is not built here).
   ctest --test-dir "$build" --output-on-failure \
-    -E '^(gpu|headers\..*|example\..*|consumer\..*)$' \
+    -E '^(gpu|headers\..*|example\..*|consumer\..*|torch\.python_binding)$' \
     --no-tests=error --parallel "${CTEST_PARALLEL_LEVEL:-$(nproc)}"
   echo "== $kind: built in $((built - start)) s, tests ran in $((SECONDS - built)) s" >&2
 done

@@ -175,6 +175,32 @@ STREAMPOOL_API void begin_capture_with_pool(const std::shared_ptr<CapturePool>& 
 STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
                                                   std::shared_ptr<CapturePool> pool);
 
+// For a framework that begins and ends captures itself (PyTorch's CUDAGraph tells its allocator
+// before cudaStreamBeginCapture and after cudaStreamEndCapture, and makes both calls itself):
+// begin_capture_with_pool in two halves around the caller's cudaStreamBeginCapture, and the
+// unbinding that end_capture_with_pool does after cudaStreamEndCapture.
+//
+//     streampool::prepare_capture_with_pool(pool, stream, mode);  // before the capture begins
+//     cudaStreamBeginCapture(stream, mode);                        // the framework's own call
+//     streampool::attach_capture_with_pool(pool);  // before the capture's first allocation or drop
+//     ...                                          // allocations on `stream` come from `pool`
+//     cudaStreamEndCapture(stream, &graph);        // the framework's own call
+//     streampool::detach_capture_with_pool(pool);
+//
+// prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
+// thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once
+// it is bound, false while `stream` is not capturing yet; it throws capture_mismatch when nothing
+// was prepared, and CUDA's error when the status cannot be asked. An allocation or drop during
+// the capture before attach is not the pool's (it fails with capture_without_pool, or goes to the
+// shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
+// never throws. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
+// keeps the CapturePool until the graph's last replay has completed.
+STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
+                                              cudaStream_t stream,
+                                              CaptureMode mode = CaptureMode::global);
+STREAMPOOL_API bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool);
+STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept;
+
 // Completes releases that graphs handed to the library (see the lifetime rules above). The
 // library calls it at its own safe points; call it to have them sooner, or after the last
 // MemoryPool of the program is gone while graphs of it were still replaying.

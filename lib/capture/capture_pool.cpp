@@ -223,8 +223,23 @@ void CapturePool::clear_buffers() noexcept {
 
 // --- capture ------------------------------------------------------------------------------
 
-void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
-                             CaptureMode mode) {
+namespace {
+
+// Gives up a capture prepared and not attached: the stream, the claim and the note go.
+void unprepare(detail::CaptureBinding& binding) noexcept {
+  const detail::CaptureBinding::Capture capture = binding.capture();
+  // Nothing prepared: asked of the state, as the legacy stream's handle is null.
+  if (capture.active || capture.origin == nullptr) return;
+  detail::CaptureGate::of(binding.core())
+      .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
+  detail::note_capture_end(capture.mode, capture.thread);
+  binding.end_capture();  // nothing was dropped in it: only the claim and the record go
+}
+
+}  // namespace
+
+void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+                               CaptureMode mode) {
   if (pool == nullptr) throw Error(Errc::invalid_value, "begin_capture_with_pool: no pool");
   safe_point();
   detail::CaptureBinding& binding = pool->binding();
@@ -256,37 +271,70 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured with a pool");
   }
-  const auto undo = [&](CaptureId id) noexcept {
-    gate.unbind(key, id);
-    binding.unclaim();
-  };
   // What the stream did before the capture is fenced now: blocks the capture adopts wait for it.
   binding.learn();
   const detail::Need before = core.fence_now(*found.state, found.generation);
   // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
   const std::thread::id thread = std::this_thread::get_id();
   detail::note_capture_begin(mode, thread);
-  cudaError_t status = device.begin_capture(stream, mode);
-  if (status != cudaSuccess) {
-    detail::note_capture_end(mode, thread);
-    undo(0);
-    throw Error(status, "begin_capture_with_pool: cudaStreamBeginCapture");
+  binding.set_capture({false, 0, mode, stream, found.state, thread, before});
+}
+
+bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
+  if (pool == nullptr) throw Error(Errc::invalid_value, "attach_capture_with_pool: no pool");
+  detail::CaptureBinding& binding = pool->binding();
+  detail::CaptureBinding::Capture capture = binding.capture();
+  if (capture.active) return true;
+  if (capture.origin == nullptr) {  // the legacy stream is a null handle: the state tells
+    throw Error(Errc::capture_mismatch, "attach_capture_with_pool: no capture prepared");
   }
+  detail::PoolCore& core = binding.core();
   CaptureStatus state = CaptureStatus::none;
   CaptureId id = 0;
-  status = device.capture_info(stream, &state, &id);
+  throw_on_cuda_error(core.device().capture_info(capture.stream, &state, &id),
+                      "begin_capture_with_pool: cudaStreamGetCaptureInfo");
+  if (state == CaptureStatus::none) return false;  // not begun yet
+  detail::CaptureGate::of(core).bind_capture(id, &binding);
+  binding.ref();  // the capture's reference
+  capture.active = true;
+  capture.id = id;
+  binding.set_capture(capture);
+  capture.origin->attention.fetch_or(detail::gated, std::memory_order_release);
+  return true;
+}
+
+void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept {
+  if (pool == nullptr) return;
+  detail::CaptureBinding& binding = pool->binding();
+  if (!binding.capture().active) {
+    unprepare(binding);
+    return;
+  }
+  unbind(binding);
+  safe_point();
+}
+
+void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+                             CaptureMode mode) {
+  prepare_capture_with_pool(pool, stream, mode);
+  detail::CaptureBinding& binding = pool->binding();
+  detail::PoolCore& core = binding.core();
+  cudaError_t status = core.device().begin_capture(stream, mode);
+  if (status != cudaSuccess) {
+    unprepare(binding);
+    throw Error(status, "begin_capture_with_pool: cudaStreamBeginCapture");
+  }
   try {
-    if (status != cudaSuccess) throw Error(status, "begin_capture_with_pool: cudaStreamGetCaptureInfo");
-    gate.bind_capture(id, &binding);
+    if (!attach_capture_with_pool(pool)) {
+      throw Error(Errc::capture_mismatch,
+                  "begin_capture_with_pool: the stream is not capturing after "
+                  "cudaStreamBeginCapture");
+    }
   } catch (...) {
     leave_capture(core, stream, end_attempts);
-    detail::note_capture_end(mode, thread);
-    undo(id);
+    unprepare(binding);
     throw;
   }
-  binding.ref();  // the capture's reference
-  binding.set_capture({true, id, mode, stream, found.state, thread, before});
-  found.state->attention.fetch_or(detail::gated, std::memory_order_release);
 }
 
 CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<CapturePool> pool) {

@@ -1,0 +1,105 @@
+// Captures begun and ended by the caller (a framework such as PyTorch): prepare, attach and
+// detach_capture_with_pool around the caller's own cudaStreamBeginCapture and EndCapture.
+#include "fake_helpers.hpp"
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+
+using fake_test::capture_status;
+using streampool::CaptureMode;
+using streampool::CapturePool;
+using streampool::CaptureStatus;
+using streampool::Errc;
+using streampool::FakeDevice;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+}  // namespace
+
+TEST_CASE("a capture the caller begins allocates from the pool once attached") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+  const std::size_t free_before = capture->free_bytes();
+
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  SECTION("attach before the capture begins binds nothing yet") {
+    REQUIRE_FALSE(streampool::attach_capture_with_pool(capture));
+    streampool::detach_capture_with_pool(capture);  // given up: the pool can capture again
+    streampool::begin_capture_with_pool(capture, s);
+    auto graph = streampool::end_capture_with_pool(s, capture);
+    REQUIRE(graph.valid());
+  }
+  SECTION("begun by the caller and attached, allocations come from private memory") {
+    REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+    REQUIRE(streampool::attach_capture_with_pool(capture));
+    REQUIRE(streampool::attach_capture_with_pool(capture));  // once bound, true again
+    const auto mallocs = fake.calls(FakeDevice::Call::malloc);
+    auto x = Bytes::alloc_async(*pool, 1000, s);
+    REQUIRE(capture->free_bytes() == free_before - 1024);
+    REQUIRE(fake.calls(FakeDevice::Call::malloc) == mallocs);
+    fake.launch(s, {{x.data(), x.byte_size(), true}});
+    cudaGraph_t graph = nullptr;
+    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+    streampool::detach_capture_with_pool(capture);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::none);
+    // Out of capture: the shared cache again, and the graph's block stays pinned.
+    void* pinned = x.data();
+    x.reset();
+    REQUIRE(capture->free_bytes() == free_before);
+    auto shared = Bytes::alloc_async(*pool, 1000, s);
+    REQUIRE(static_cast<void*>(shared.data()) != pinned);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(fake.graph_instantiate(&exec, graph) == cudaSuccess);
+    REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+    REQUIRE(fake.graph_launch(exec, s) == cudaSuccess);
+    fake.complete_all();
+    REQUIRE(fake.hazards().empty());
+    REQUIRE(fake.graph_exec_destroy(exec) == cudaSuccess);
+  }
+  SECTION("not attached, an allocation in the capture is refused and the capture survives") {
+    REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+    std::error_code error;
+    auto refused = Bytes::try_alloc_async(*pool, 1000, s, error);
+    REQUIRE(refused.is_empty());
+    REQUIRE(error == Errc::capture_without_pool);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::active);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+    REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+    streampool::detach_capture_with_pool(capture);
+  }
+}
+
+TEST_CASE("prepare refuses what begin_capture_with_pool refuses, and attach needs a prepare") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  REQUIRE_THROWS_AS(streampool::attach_capture_with_pool(capture), streampool::Error);
+  streampool::detach_capture_with_pool(capture);  // nothing prepared: nothing happens
+  streampool::prepare_capture_with_pool(capture, s);
+  REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(capture, s), streampool::Error);
+  auto other = std::make_shared<CapturePool>(*pool);
+  REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(other, s), streampool::Error);
+  streampool::detach_capture_with_pool(capture);
+  REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(nullptr, s), streampool::Error);
+}
+
+TEST_CASE("a capture prepared on the legacy stream is given up completely") {
+  // The legacy stream's handle is null: what is prepared is told by the stream's state.
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, nullptr, CaptureMode::global);
+  streampool::detach_capture_with_pool(capture);
+  // No capture is counted any more: trim may synchronize and free.
+  auto x = Bytes::alloc_async(*pool, 4 * MiB, nullptr);
+  x.reset();
+  capture.reset();
+  pool->trim(0);
+  REQUIRE(fake.live_bytes() == 0);
+}
