@@ -248,7 +248,8 @@ int run_tune(const Args& args, std::ostream& out, std::ostream&) {
     scatter.y_unit = Unit::ratio;
     scatter.y_from_zero = false;  // ratios sit just above 1: from zero they would be one line
     scatter.highlight = best.baseline ? -1 : 0;
-    scatter.notes = {"ringed: the recommended configuration, " + chosen};
+    scatter.notes = {best.baseline ? "recommended: the baseline, in red (" + settings.origin() + ")"
+                                   : "ringed: the recommended configuration, " + chosen};
     std::vector<Series> points{all};
     if (!baseline.x.empty()) points.push_back(baseline);
     write_file(dir / "tune-tradeoff.svg", svg_plot(points, scatter));
