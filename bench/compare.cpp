@@ -1,6 +1,7 @@
 #include "compare.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +11,8 @@
 #include <chrono>
 #include <deque>
 #include <fstream>
-#include <sstream>
+#include <map>
+#include <stdexcept>
 #include <thread>
 
 namespace streampool::bench {
@@ -220,7 +222,9 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
   table.note = "Every event of the trace in order, on its streams, with no kernels in between. "
                "Peak reserved over the trace's peak requested; n/a where the allocator cannot "
                "tell.";
-  table.header = {"trace", "allocator", "ns per event", "peak reserved", "reserved / requested"};
+  table.header = {"trace",         "allocator",           "ns per event", "failed allocations",
+                  "peak reserved", "reserved / requested"};
+  table.label_columns = 2;
   for (const Trace& trace : traces) {
     const std::uint64_t peak_requested = trace.peak_requested();
     for (auto& peer : peers) {
@@ -248,8 +252,8 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
       const std::uint64_t peak = peer->peak_reserved();
       table.rows.push_back(
           {trace.name, peer->name(),
-           fmt::format("{:.0f}{}", seconds * 1e9 / double(trace.events.size()),
-                       failed ? fmt::format(" ({} failed)", failed) : std::string()),
+           fmt::format("{:.0f}", seconds * 1e9 / double(trace.events.size())),
+           fmt::format("{}", failed),
            peak == 0 ? std::string("n/a") : fmt::format("{}", peak),
            peak == 0 || peak_requested == 0 ? std::string("n/a")
                                             : fmt::format("{:.3f}", double(peak) / double(peak_requested))});
@@ -265,34 +269,30 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
 
 namespace {
 
-// PyTorch's figures for a trace from torch_summary.json: {"name": ..., "reserved_bytes.all.peak":
-// ..., "requested_bytes.all.peak": ...} objects in a list. A scanner for exactly that shape.
-bool torch_figures(const std::string& path, const std::string& trace, double& reserved,
-                   double& requested) {
+// PyTorch's figures for each trace from torch_summary.json: a list of objects
+// {"name": ..., "reserved_bytes.all.peak": ..., "requested_bytes.all.peak": ...}.
+struct TorchFigures {
+  double reserved = 0;
+  double requested = 0;
+};
+std::map<std::string, TorchFigures> read_torch_summary(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
-  const auto number_after = [&](std::size_t from, std::size_t to, const std::string& key,
-                                double& out) {
-    const std::size_t k = text.find("\"" + key + "\"", from);
-    if (k == std::string::npos || k > to) return false;
-    const std::size_t colon = text.find(':', k);
-    out = std::strtod(text.c_str() + colon + 1, nullptr);
-    return true;
-  };
-  for (std::size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
-    const std::size_t close = text.find('}', open);
-    const std::size_t name = text.find("\"name\"", open);
-    if (name == std::string::npos || name > close) continue;
-    const std::size_t q1 = text.find('"', text.find(':', name) + 1);
-    const std::size_t q2 = text.find('"', q1 + 1);
-    if (text.substr(q1 + 1, q2 - q1 - 1) != trace) continue;
-    return number_after(open, close, "reserved_bytes.all.peak", reserved) &&
-           number_after(open, close, "requested_bytes.all.peak", requested);
+  if (!in) throw std::runtime_error(fmt::format("--torch-summary {}: cannot be read", path));
+  std::map<std::string, TorchFigures> figures;
+  try {
+    const nlohmann::json summary = nlohmann::json::parse(in);
+    if (!summary.is_array()) throw std::runtime_error("expected a list of objects");
+    for (const nlohmann::json& entry : summary) {
+      figures[entry.at("name").get<std::string>()] = {
+          entry.at("reserved_bytes.all.peak").get<double>(),
+          entry.at("requested_bytes.all.peak").get<double>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("--torch-summary {}: {}", path, e.what()));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("--torch-summary {}: {}", path, e.what()));
   }
-  return false;
+  return figures;
 }
 
 }  // namespace
@@ -305,11 +305,13 @@ Table memory_table(const std::vector<Trace>& traces, const PoolOptions& options,
                "PyTorch's figures as recorded with the trace, where a torch_summary.json gives them.";
   table.header = {"trace", "peak requested", "streampool peak reserved", "streampool ratio",
                   "PyTorch ratio"};
+  const std::map<std::string, TorchFigures> torch =
+      torch_summary_path.empty() ? std::map<std::string, TorchFigures>{}
+                                 : read_torch_summary(torch_summary_path);
   for (const Trace& trace : traces) {
     ReplayOptions replay_options;
     replay_options.pool = options;
     const ReplayReport r = replay(trace, fake_target(), replay_options);
-    double torch_reserved = 0, torch_requested = 0;
     std::string name = trace.name;
     for (const char* suffix : {".csv.gz", ".csv"}) {
       if (name.size() > std::strlen(suffix) &&
@@ -318,11 +320,12 @@ Table memory_table(const std::vector<Trace>& traces, const PoolOptions& options,
       }
     }
     if (const auto slash = name.find_last_of('/'); slash != std::string::npos) name = name.substr(slash + 1);
-    const bool have_torch = !torch_summary_path.empty() &&
-                            torch_figures(torch_summary_path, name, torch_reserved, torch_requested);
+    const auto found = torch.find(name);
+    const bool have_torch = found != torch.end() && found->second.requested > 0;
     table.rows.push_back({trace.name, fmt::format("{}", r.peak_requested),
                           fmt::format("{}", r.peak_reserved), fmt::format("{:.3f}", r.ratio()),
-                          have_torch ? fmt::format("{:.3f}", torch_reserved / torch_requested)
+                          have_torch ? fmt::format("{:.3f}", found->second.reserved /
+                                                                 found->second.requested)
                                      : std::string("n/a")});
   }
   return table;

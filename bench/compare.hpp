@@ -14,6 +14,9 @@ struct Table {
   std::string note;  // how it was measured
   std::vector<std::string> header;
   std::vector<std::vector<std::string>> rows;
+  // The leading columns that name a row (trace, allocator); the others hold figures, which
+  // `--json` writes as numbers (and "n/a" as null).
+  std::size_t label_columns = 1;
 
   std::string markdown() const;
   std::string csv() const;
@@ -34,12 +37,14 @@ Table scaling_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOpti
 // Free on stream A, allocate the same size on stream B: ns per hand-off, and how often B got
 // A's memory back.
 Table handoff_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOptions& options);
-// Each trace replayed through each peer: time per event and peak reserved memory.
+// Each trace replayed through each peer: time per event, failed allocations and peak reserved
+// memory.
 Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<Trace>& traces);
 
 // Without a GPU: what does not depend on one. Streampool's peak reserved / peak requested on the
 // fake device for each trace, beside PyTorch's recorded figures where a torch_summary.json gives
-// them.
+// them (`torch_summary_path` empty: none). Throws std::runtime_error when the file cannot be read
+// or is not JSON of the documented shape (docs/bench.md).
 Table memory_table(const std::vector<Trace>& traces, const PoolOptions& options,
                    const std::string& torch_summary_path);
 

@@ -30,10 +30,12 @@ Target gpu_target();
 // GPU 0 where CUDA sees one, the fake device otherwise.
 Target default_target();
 
+// One stretch of the timeline: the lowest and highest requested and reserved bytes after any
+// event of it, so that a plot of the points keeps every peak and every trough.
 struct TimelinePoint {
-  std::uint64_t event;
-  std::uint64_t requested;
-  std::uint64_t reserved;
+  std::uint64_t event;  // the stretch's first event (0-based)
+  std::uint64_t requested_min, requested_max;
+  std::uint64_t reserved_min, reserved_max;
 };
 
 struct ReplayReport {
@@ -42,7 +44,8 @@ struct ReplayReport {
   std::string config;  // the STREAMPOOL_CONF line of the options replayed with
   std::uint64_t events = 0;
   std::uint64_t allocations = 0;
-  std::uint64_t peak_requested = 0;  // the trace's own peak, as replayed
+  std::uint64_t peak_requested = 0;  // the trace's own peak (Trace::peak_requested), failed
+                                     // allocations included
   std::uint64_t peak_reserved = 0;
   std::uint64_t waste_at_peak = 0;   // block bytes minus requested bytes, at the requested peak
   std::uint64_t device_allocations = 0;
@@ -70,14 +73,20 @@ struct ReplayReport {
 };
 
 struct ReplayOptions {
-  PoolOptions pool;
-  std::size_t timeline_points = 0;  // 0: no timeline
+  PoolOptions pool;  // as given: the replay does not read STREAMPOOL_CONF (user_settings does)
+  // The timeline's stretches of events (fewer when the trace has fewer events); 0: no timeline.
+  // Requested bytes count every allocation of the trace, failed ones too; reserved bytes are the
+  // device memory the pool holds, read by the thread of each event after it (exact when the
+  // trace has one thread).
+  std::size_t timeline_points = 0;
   std::function<void(double)> progress;  // called with the fraction done, now and then
 };
 
 // Replays every event in order, on the trace's streams (one stream per recorded stream) and
 // threads (one thread per recorded thread, each keeping its own order; a free waits for its
 // allocation). A free whose block was used on another stream calls record_stream first.
+// Throws std::runtime_error when a thread cannot be created (the threads already running are
+// stopped and joined first) or one of them fails.
 ReplayReport replay(const Trace& trace, const Target& target, const ReplayOptions& options);
 
 }  // namespace streampool::bench

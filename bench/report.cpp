@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include "settings.hpp"
+
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <unistd.h>
 
@@ -14,43 +18,65 @@ std::string human_bytes(std::uint64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
-void write_json(Json& json, const ReplayReport& r) {
-  json.begin_object()
-      .field("trace", r.trace)
-      .field("target", r.target)
-      .field("config", r.config)
-      .field("events", r.events)
-      .field("allocations", r.allocations)
-      .field("peak_requested_bytes", r.peak_requested)
-      .field("peak_reserved_bytes", r.peak_reserved)
-      .field("ratio", r.ratio())
-      .field("waste_at_peak_bytes", r.waste_at_peak)
-      .field("cache_hits", r.cache_hits)
-      .field("cache_misses", r.cache_misses)
-      .field("hit_rate", r.hit_rate())
-      .field("device_allocations", r.device_allocations)
-      .field("device_frees", r.device_frees)
-      .field("fences", r.fences)
-      .field("events_recorded", r.events_recorded)
-      .field("cross_stream_reuses", r.cross_stream_reuses)
-      .field("blocking_fallbacks", r.blocking_fallbacks)
-      .field("oom_retries", r.oom_retries)
-      .field("failed_allocations", r.failed_allocations)
-      .field("seconds", r.seconds)
-      .field("timed", r.timed)
-      .field("ns_per_event", r.ns_per_event())
-      .end_object();
+nlohmann::json replay_json(const ReplayReport& r) {
+  return {{"trace", r.trace},
+          {"target", r.target},
+          {"config", r.config},
+          {"events", r.events},
+          {"allocations", r.allocations},
+          {"peak_requested_bytes", r.peak_requested},
+          {"peak_reserved_bytes", r.peak_reserved},
+          {"ratio", r.ratio()},
+          {"waste_at_peak_bytes", r.waste_at_peak},
+          {"cache_hits", r.cache_hits},
+          {"cache_misses", r.cache_misses},
+          {"hit_rate", r.hit_rate()},
+          {"device_allocations", r.device_allocations},
+          {"device_frees", r.device_frees},
+          {"fences", r.fences},
+          {"events_recorded", r.events_recorded},
+          {"cross_stream_reuses", r.cross_stream_reuses},
+          {"blocking_fallbacks", r.blocking_fallbacks},
+          {"oom_retries", r.oom_retries},
+          {"failed_allocations", r.failed_allocations},
+          {"seconds", r.seconds},
+          {"timed", r.timed},
+          {"ns_per_event", r.ns_per_event()}};
+}
+
+nlohmann::json table_json(const Table& table) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : table.rows) {
+    nlohmann::json cells = nlohmann::json::array();
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const std::string& cell = row[i];
+      double number = 0;
+      const char* end = cell.data() + cell.size();
+      const auto [stop, error] = std::from_chars(cell.data(), end, number);
+      if (i < table.label_columns) cells.push_back(cell);
+      else if (cell == "n/a") cells.push_back(nullptr);
+      else if (!cell.empty() && error == std::errc() && stop == end) cells.push_back(number);
+      else cells.push_back(cell);
+    }
+    rows.push_back(std::move(cells));
+  }
+  return {{"title", table.title}, {"header", table.header}, {"rows", std::move(rows)}};
+}
+
+std::string json_text(const nlohmann::json& json) {
+  return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Table replay_table(const std::vector<ReplayReport>& reports) {
   Table table;
   table.title = "Replay";
-  table.header = {"trace", "target", "events", "peak requested", "peak reserved", "ratio",
-                  "waste at peak", "hit rate", "device allocs", "fences", "cross-stream",
-                  "ns / event"};
+  table.header = {"trace", "target", "events", "failed allocations", "peak requested",
+                  "peak reserved", "ratio", "waste at peak", "hit rate", "device allocs", "fences",
+                  "cross-stream", "ns / event"};
   for (const ReplayReport& r : reports) {
     table.rows.push_back(
-        {r.trace, r.target, fmt::format("{}", r.events), human_bytes(r.peak_requested),
+        {r.trace, r.target, fmt::format("{}", r.events), fmt::format("{}", r.failed_allocations),
+         human_bytes(r.peak_requested),
          human_bytes(r.peak_reserved), fmt::format("{:.3f}", r.ratio()),
          fmt::format("{:.1f}%", r.peak_requested ? 100.0 * double(r.waste_at_peak) /
                                                        double(r.peak_requested)
@@ -62,23 +88,44 @@ Table replay_table(const std::vector<ReplayReport>& reports) {
   return table;
 }
 
+const TuneRow& tune_baseline(const std::vector<TuneRow>& rows) {
+  const auto it = std::find_if(rows.begin(), rows.end(), [](const TuneRow& r) { return r.baseline; });
+  return it != rows.end() ? *it : rows.front();
+}
+
+std::string tune_changes(const std::vector<TuneRow>& rows, const TuneRow& row) {
+  return conf_line(changed_items(tune_baseline(rows).options, row.options));
+}
+
 Table tune_table(const std::vector<TuneRow>& rows, std::size_t top) {
   Table table;
   table.title = "Configurations, best first";
   table.note = "Ranked by failed allocations, then mean peak reserved / peak requested over the "
-               "traces, then device allocations, then fences (summed over the traces).";
+               "traces, then device allocations, then fences (summed over the traces). The "
+               "baseline is the configuration in use (the defaults, then STREAMPOOL_CONF, then "
+               "--config); each row names the keys it changes from it.";
   table.header = {"rank", "mean ratio"};
   if (!rows.empty()) {
     for (const ReplayReport& r : rows.front().reports) table.header.push_back(r.trace);
   }
-  for (const char* h : {"device allocs", "fences", "STREAMPOOL_CONF"}) table.header.push_back(h);
+  for (const char* h : {"failed allocations", "device allocs", "fences", "changes from the baseline"}) {
+    table.header.push_back(h);
+  }
+  const auto line = [&](std::size_t i, std::string rank) {
+    const TuneRow& row = rows[i];
+    std::vector<std::string> cells{std::move(rank), fmt::format("{:.4f}", row.mean_ratio)};
+    for (const ReplayReport& r : row.reports) cells.push_back(fmt::format("{:.3f}", r.ratio()));
+    cells.push_back(fmt::format("{}", row.failed_allocations));
+    cells.push_back(fmt::format("{}", row.device_allocations));
+    cells.push_back(fmt::format("{}", row.fences));
+    cells.push_back(row.baseline ? std::string("(baseline)") : tune_changes(rows, row));
+    table.rows.push_back(std::move(cells));
+  };
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].baseline) line(i, fmt::format("baseline ({})", i + 1));
+  }
   for (std::size_t i = 0; i < rows.size() && i < top; ++i) {
-    std::vector<std::string> row{fmt::format("{}", i + 1), fmt::format("{:.4f}", rows[i].mean_ratio)};
-    for (const ReplayReport& r : rows[i].reports) row.push_back(fmt::format("{:.3f}", r.ratio()));
-    row.push_back(fmt::format("{}", rows[i].device_allocations));
-    row.push_back(fmt::format("{}", rows[i].fences));
-    row.push_back(rows[i].options.to_conf());
-    table.rows.push_back(std::move(row));
+    line(i, rows[i].baseline ? fmt::format("{} (baseline)", i + 1) : fmt::format("{}", i + 1));
   }
   return table;
 }

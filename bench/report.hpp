@@ -2,9 +2,10 @@
 #pragma once
 
 #include "compare.hpp"
-#include "json.hpp"
 #include "replay.hpp"
 #include "tune.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <string>
@@ -12,13 +13,26 @@
 
 namespace streampool::bench {
 
-// Keys (docs/bench.md): trace, target, config, events, allocations, peak_requested_bytes,
+// The keys of one replay (docs/bench.md): trace, target, config, events, allocations, peak_requested_bytes,
 // peak_reserved_bytes, ratio, waste_at_peak_bytes, cache_hits, cache_misses, hit_rate,
 // device_allocations, device_frees, fences, events_recorded, cross_stream_reuses,
 // blocking_fallbacks, oom_retries, failed_allocations, seconds, timed, ns_per_event.
-void write_json(Json& json, const ReplayReport& report);
+nlohmann::json replay_json(const ReplayReport& report);
+// {title, header, rows}: the label columns as strings, figures as numbers, "n/a" as null (a
+// figure cell that is no number stays a string).
+nlohmann::json table_json(const Table& table);
+// Text for stdout: two-space indents; bytes that are not UTF-8 (a trace's file name) replaced.
+std::string json_text(const nlohmann::json& json);
+
+// One row per report, failed allocations among the columns.
 Table replay_table(const std::vector<ReplayReport>& reports);
+// The baseline's row first (rank "baseline"), then the best `top` rows (the baseline marked where
+// it ranks); each row's keys that differ from the baseline's, "(baseline)" for the baseline.
 Table tune_table(const std::vector<TuneRow>& rows, std::size_t top);
+// The keys of a row's options that differ from the baseline's, "key=value,...".
+std::string tune_changes(const std::vector<TuneRow>& rows, const TuneRow& row);
+const TuneRow& tune_baseline(const std::vector<TuneRow>& rows);
+
 
 // A progress callback drawing a bar on stderr when stderr is a terminal; a no-op otherwise.
 std::function<void(double)> progress_bar(const std::string& label);

@@ -2,7 +2,10 @@
 
 #include "call_counts.hpp"
 
+#include "cli.hpp"
 #include "report.hpp"
+#include "settings.hpp"
+#include "reserved_watch.hpp"
 #include "stress_target.hpp"
 #include "svg.hpp"
 
@@ -29,33 +32,12 @@
 
 namespace streampool::bench {
 
-const char* const stress_usage =
-    "usage: streampool-bench stress [options]\n"
-    "\n"
-    "Threads, two streams each, share one pool; each iteration allocates a buffer, writes a tag\n"
-    "into it with a kernel that first spins 0-60 us, checks the tag with a second kernel (a third\n"
-    "of the time on the second stream, ordered by an event, with record_stream) and drops the\n"
-    "buffer while both may still run. Exits with 1 on a corrupted word, a race (fake device), a\n"
-    "failed allocation, stats peaks above the truth plus their slack, or growth (--max-growth).\n"
-    "\n"
-    "options:\n"
-    "  --seconds S       seconds per configuration (default 30)\n"
-    "  --threads T       worker threads (default 12 on the GPU, 4 on the fake device, where 12\n"
-    "                    threads on two cores starve the completer that plays the GPU)\n"
-    "  --churn N         every N buffers a thread destroys its first stream and creates a new one\n"
-    "  --config CONF     pool options as STREAMPOOL_CONF; repeat to compare configurations in one\n"
-    "                    run, each for S seconds with a fresh pool (\"\": the defaults)\n"
-    "  --fake            the fake device even where there is a GPU (the default without one)\n"
-    "  --out DIR         write stress.csv (the progress samples) and stress-reserved.svg there\n"
-    "  --interval I      seconds between progress lines (default 5)\n"
-    "  --max-growth X    fail when the last window's peak reserved is above X times the first's\n"
-    "                    (windows: 60 s for runs of 5 minutes or more, else a fifth of the run),\n"
-    "                    or when the pool ran the device out of memory\n"
-    "  --seed N          seed of the sizes, spins and tags (default 1)\n"
-    "  --max-in-flight N before each allocation a thread waits while more than N of its checks\n"
-    "                    have not completed (default 0: never; the thread runs as far ahead of the\n"
-    "                    GPU as its launch queue lets it, and memory waiting for fences grows with\n"
-    "                    that backlog)\n";
+const char* const stress_description =
+    "Threads, two streams each, share one pool; each iteration allocates a buffer, writes a tag "
+    "into it with a kernel that first spins 0-60 us, checks the tag with a second kernel (a third "
+    "of the time on the second stream, ordered by an event, with record_stream) and drops the "
+    "buffer while both may still run. Exits with 1 on a corrupted word, a race (fake device), a "
+    "failed allocation, stats peaks above the truth plus their slack, or growth (--max-growth).";
 
 namespace {
 
@@ -77,119 +59,9 @@ std::uint32_t nanoseconds_since(Clock::time_point start) {
       std::min<std::int64_t>(ns, std::numeric_limits<std::uint32_t>::max()));
 }
 
-double positive_number(const std::string& option, const std::string& text) {
-  try {
-    std::size_t end = 0;
-    const double value = std::stod(text, &end);
-    if (end == text.size() && std::isfinite(value) && value > 0) return value;
-  } catch (const std::exception&) {
-  }
-  throw StressUsageError(fmt::format("{} needs a positive number, not '{}'", option, text));
-}
-
-std::uint64_t whole_number(const std::string& option, const std::string& text, std::uint64_t least,
-                           std::uint64_t most) {
-  try {
-    std::size_t end = 0;
-    // stoull accepts a sign ("-1" wraps): only digits are a whole number here.
-    if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
-      const std::uint64_t value = std::stoull(text, &end);
-      if (end == text.size() && value >= least && value <= most) return value;
-    }
-  } catch (const std::exception&) {
-  }
-  throw StressUsageError(
-      fmt::format("{} needs a whole number from {} to {}, not '{}'", option, least, most, text));
-}
-
-PoolOptions pool_options_of(const std::string& conf) {
-  PoolOptions options = PoolOptions::parse(conf);
-  options.read_environment = false;  // after parsing: STREAMPOOL_CONF must not change the runs
-  return options;
-}
-
-// The device under the pool, counting the bytes it holds so that the peak of any stretch of the
-// run is exact (the pool's own peak covers the whole run only). Device mallocs and frees are the
-// pool's slow path: a mutex here costs nothing on the fast path.
-class ReservedWatch final : public ForwardingDevice {
- public:
-  using ForwardingDevice::ForwardingDevice;
-
-  cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override {
-    const cudaError_t status = ForwardingDevice::malloc(ptr, bytes);
-    if (status == cudaSuccess && *ptr != nullptr) {
-      std::lock_guard lock(mutex_);
-      try {
-        sizes_.emplace(*ptr, bytes);
-      } catch (const std::bad_alloc&) {
-        lost_ = true;  // that allocation's free will not be subtracted: peaks read high
-      }
-      current_ += static_cast<std::int64_t>(bytes);
-      peak_ = std::max(peak_, current_);
-    }
-    return status;
-  }
-
-  cudaError_t free(void* ptr) noexcept override {
-    const cudaError_t status = ForwardingDevice::free(ptr);
-    if (status == cudaSuccess) {
-      std::lock_guard lock(mutex_);
-      if (auto it = sizes_.find(ptr); it != sizes_.end()) {
-        current_ -= static_cast<std::int64_t>(it->second);
-        sizes_.erase(it);
-      }
-    }
-    return status;
-  }
-
-  // Physical memory of expandable segments: counted from creation to release (the pool
-  // unmaps before it releases).
-  cudaError_t vm_create(streampool::VmHandle* handle, std::size_t bytes) noexcept override {
-    const cudaError_t status = ForwardingDevice::vm_create(handle, bytes);
-    if (status == cudaSuccess) {
-      std::lock_guard lock(mutex_);
-      try {
-        handle_sizes_.emplace(*handle, bytes);
-      } catch (const std::bad_alloc&) {
-        lost_ = true;
-      }
-      current_ += static_cast<std::int64_t>(bytes);
-      peak_ = std::max(peak_, current_);
-    }
-    return status;
-  }
-
-  cudaError_t vm_release(streampool::VmHandle handle) noexcept override {
-    const cudaError_t status = ForwardingDevice::vm_release(handle);
-    if (status == cudaSuccess) {
-      std::lock_guard lock(mutex_);
-      if (auto it = handle_sizes_.find(handle); it != handle_sizes_.end()) {
-        current_ -= static_cast<std::int64_t>(it->second);
-        handle_sizes_.erase(it);
-      }
-    }
-    return status;
-  }
-
-  // The peak since the last call (or the start), and a new stretch begins now.
-  std::int64_t take_peak() {
-    std::lock_guard lock(mutex_);
-    return std::exchange(peak_, current_);
-  }
-
-  bool lost() const {
-    std::lock_guard lock(mutex_);
-    return lost_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<void*, std::size_t> sizes_;
-  std::unordered_map<streampool::VmHandle, std::size_t> handle_sizes_;
-  std::int64_t current_ = 0;
-  std::int64_t peak_ = 0;
-  bool lost_ = false;
-};
+// The defaults, then STREAMPOOL_CONF, then the configuration's --config (settings.hpp); the pool
+// does not read the environment again, so --config keeps the last word.
+PoolOptions pool_options_of(const std::string& conf) { return user_settings(conf).options; }
 
 // What a configuration's workers share. The live counters are the truth the pool's stats are
 // checked against: raised before an allocation and lowered after its drop, so that they are never
@@ -402,9 +274,17 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   target->start();
 
   std::vector<std::thread> running;
-  for (unsigned t = 0; t < threads; ++t) {
-    running.emplace_back(run_worker, std::ref(shared), std::ref(*lanes[t]), std::ref(workers[t]),
-                         std::cref(workload), t);
+  try {
+    running.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+      running.emplace_back(run_worker, std::ref(shared), std::ref(*lanes[t]), std::ref(workers[t]),
+                           std::cref(workload), t);
+    }
+  } catch (const std::exception& e) {
+    // The run stops before it starts; the workers made see `stop` once the latch opens.
+    shared.fail(fmt::format("cannot create worker thread {} of {}: {}", running.size() + 1,
+                            threads, e.what()));
+    shared.start.count_down(static_cast<std::ptrdiff_t>(threads - running.size()));
   }
   const auto buffers_now = [&] {
     std::uint64_t n = 0;
@@ -523,41 +403,68 @@ std::string bytes_text(std::int64_t bytes) {
 
 }  // namespace
 
-StressOptions parse_stress_options(const std::vector<std::string>& args) {
-  StressOptions o;
-  std::vector<std::string> configs;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    const auto next = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) throw StressUsageError(a + " needs a value");
-      return args[++i];
-    };
-    constexpr std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
-    if (a == "--help" || a == "-h") o.help = true;
-    else if (a == "--seconds") o.seconds = positive_number(a, next());
-    else if (a == "--threads") o.threads = static_cast<unsigned>(whole_number(a, next(), 1, 1024));
-    else if (a == "--churn") o.churn = whole_number(a, next(), 0, any);
-    else if (a == "--config") configs.push_back(next());
-    else if (a == "--fake") o.fake = true;
-    else if (a == "--out") o.out = next();
-    else if (a == "--interval") o.interval = positive_number(a, next());
-    else if (a == "--max-growth") o.max_growth = positive_number(a, next());
-    else if (a == "--seed") o.seed = whole_number(a, next(), 0, any);
-    else if (a == "--max-in-flight") o.max_in_flight = whole_number(a, next(), 0, any);
-    else if (!a.empty() && a[0] == '-') throw StressUsageError("stress: unknown option " + a);
-    else throw StressUsageError("stress takes no traces or other arguments: '" + a + "'");
-  }
-  if (!configs.empty()) o.configs = configs;
+void add_stress_options(CLI::App& app, StressOptions& o) {
+  constexpr std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
+  app.add_option("--seconds", o.seconds, "seconds per configuration")
+      ->check(positive_number())->capture_default_str();
+  app.add_option("--threads", o.threads,
+                 "worker threads (default 12 on the GPU, 4 on the fake device, where 12 threads "
+                 "on two cores starve the completer that plays the GPU)")
+      ->check(whole_number(1, 1024));
+  app.add_option("--churn", o.churn,
+                 "every N buffers a thread destroys its first stream and creates a new one")
+      ->check(whole_number(0, any));
+  app.add_option("--config", o.configs,
+                 "pool options as STREAMPOOL_CONF, on top of the environment's; repeat to compare "
+                 "configurations in one run, each for S seconds with a fresh pool (\"\": the "
+                 "environment's settings or the defaults)")
+      ->take_all();
+  app.add_flag("--fake", o.fake, "the fake device even where there is a GPU (the default without one)");
+  app.add_option("--out", o.out, "write stress.csv (the progress samples) and stress-reserved.svg there");
+  app.add_option("--interval", o.interval, "seconds between progress lines")
+      ->check(positive_number())->capture_default_str();
+  app.add_option("--max-growth", o.max_growth,
+                 "fail when the last window's peak reserved is above X times the first's (windows: "
+                 "60 s for runs of 5 minutes or more, else a fifth of the run), or when the pool "
+                 "ran the device out of memory")
+      ->check(positive_number());
+  app.add_option("--seed", o.seed, "seed of the sizes, spins and tags")
+      ->check(whole_number(0, any))->capture_default_str();
+  app.add_option("--max-in-flight", o.max_in_flight,
+                 "before each allocation a thread waits while more than N of its checks have not "
+                 "completed (0: never; the thread runs as far ahead of the GPU as its launch queue "
+                 "lets it, and memory waiting for fences grows with that backlog)")
+      ->check(whole_number(0, any))->capture_default_str();
+}
+
+void check_stress_options(StressOptions& o) {
+  if (o.configs.empty()) o.configs = {""};
   for (const std::string& conf : o.configs) {
     try {
-      const PoolOptions options = pool_options_of(conf);
-      if (const std::string why = options.validate(); !why.empty()) {
-        throw Error(Errc::invalid_value, why);
-      }
-    } catch (const Error& e) {
-      throw StressUsageError(fmt::format("--config '{}': {}", conf, e.what()));
+      (void)pool_options_of(conf);
+    } catch (const SettingsError& e) {
+      std::string why = e.what();
+      if (const std::string own = "--config: "; why.starts_with(own)) why.erase(0, own.size());
+      throw StressUsageError(fmt::format("--config '{}': {}", conf, why));
     }
   }
+}
+
+StressOptions parse_stress_options(const std::vector<std::string>& args) {
+  StressOptions o;
+  o.configs.clear();
+  CLI::App app{"", "stress"};
+  add_stress_options(app, o);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    o.help = true;
+    return o;
+  } catch (const CLI::ParseError& e) {
+    throw StressUsageError(e.what());
+  }
+  check_stress_options(o);
   return o;
 }
 
@@ -770,30 +677,25 @@ std::string stress_plot(const std::vector<StressResult>& results) {
   const std::string churn = !results.empty() && results.front().churn
                                 ? fmt::format(", churn every {} buffers", results.front().churn)
                                 : std::string();
-  return svg_plot(series, {"Reserved memory under stress" + churn, "seconds", "reserved bytes"});
+  PlotOptions plot;
+  plot.title = "Reserved memory under stress" + churn;
+  plot.x_label = "seconds";
+  plot.y_label = "reserved bytes";
+  plot.x_unit = Unit::ratio;
+  plot.y_unit = Unit::bytes;
+  return svg_plot(series, plot);
 }
 
-int stress_command(const std::vector<std::string>& args) {
-  StressOptions options;
-  try {
-    options = parse_stress_options(args);
-  } catch (const StressUsageError& e) {
-    std::cerr << "streampool-bench: " << e.what() << "\n\n" << stress_usage;
-    return 2;
-  }
-  if (options.help) {
-    std::cout << stress_usage;
-    return 0;
-  }
+int stress_command(const StressOptions& options, std::ostream& out, std::ostream& err) {
   std::vector<StressResult> results;
   try {
-    results = run_stress(options, std::cout);
+    results = run_stress(options, out);
   } catch (const std::exception& e) {
-    std::cerr << "streampool-bench: stress: " << e.what() << "\n";
+    err << "streampool-bench: stress: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "\n";
-  for (const StressResult& r : results) std::cout << stress_table(r).markdown() << "\n";
+  out << "\n";
+  for (const StressResult& r : results) out << stress_table(r).markdown() << "\n";
 
   if (!options.out.empty()) {
     try {
@@ -801,10 +703,10 @@ int stress_command(const std::vector<std::string>& args) {
       const std::filesystem::path dir(options.out);
       std::ofstream(dir / "stress.csv") << stress_samples_table(results).csv();
       std::ofstream(dir / "stress-reserved.svg") << stress_plot(results);
-      std::cout << "wrote " << (dir / "stress.csv").string() << " and "
+      out << "wrote " << (dir / "stress.csv").string() << " and "
                 << (dir / "stress-reserved.svg").string() << "\n\n";
     } catch (const std::exception& e) {
-      std::cerr << "streampool-bench: stress: writing " << options.out << ": " << e.what() << "\n";
+      err << "streampool-bench: stress: writing " << options.out << ": " << e.what() << "\n";
       return 1;
     }
   }
@@ -814,13 +716,13 @@ int stress_command(const std::vector<std::string>& args) {
     for (std::string& f : stress_failures(r, options.max_growth)) failures.push_back(std::move(f));
   }
   if (failures.empty()) {
-    std::cout << "checks: all passed\n";
+    out << "checks: all passed\n";
     return 0;
   }
-  std::cout << "checks: " << failures.size() << " failed\n";
-  for (const std::string& f : failures) std::cout << "  FAILED " << f << "\n";
-  std::cout << std::flush;
-  std::cerr << "streampool-bench: stress: " << failures.size() << " check"
+  out << "checks: " << failures.size() << " failed\n";
+  for (const std::string& f : failures) out << "  FAILED " << f << "\n";
+  out << std::flush;
+  err << "streampool-bench: stress: " << failures.size() << " check"
             << (failures.size() == 1 ? "" : "s") << " failed\n";
   return 1;
 }

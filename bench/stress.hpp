@@ -27,13 +27,19 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace streampool::bench {
 
 struct StressOptions {
   double seconds = 30;      // per configuration
   unsigned threads = 0;     // 0: 12 on the GPU, fake_default_threads on the fake device
   std::uint64_t churn = 0;  // renew the first stream every this many buffers per thread; 0: never
-  std::vector<std::string> configs{""};  // STREAMPOOL_CONF lines, run in turn ("": the defaults)
+  // --config lines, each on top of STREAMPOOL_CONF, run in turn ("": the environment's settings,
+  // or the defaults)
+  std::vector<std::string> configs{""};
   bool fake = false;                     // the fake device even where there is a GPU
   std::string out;      // directory for stress.csv and stress-reserved.svg; empty: none
   double interval = 5;  // seconds between progress lines
@@ -49,7 +55,8 @@ struct StressOptions {
 constexpr unsigned gpu_default_threads = 12;
 constexpr unsigned fake_default_threads = 4;
 
-extern const char* const stress_usage;
+// What `stress --help` says the command does, above its options.
+extern const char* const stress_description;
 
 // A bad command line; the message says what is wrong.
 class StressUsageError : public std::invalid_argument {
@@ -57,8 +64,15 @@ class StressUsageError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Parses the arguments after `stress`. Each --config is parsed (and validated) here, so that a bad
-// one stops the command before anything runs. Throws StressUsageError.
+// The command's options, on `app` (the `stress` subcommand of cli.cpp), their values into `o`.
+// Each --config adds a configuration; none leaves `o.configs` empty (check_stress_options).
+void add_stress_options(CLI::App& app, StressOptions& o);
+// After parsing: no --config stands for one configuration, "" (the environment's settings or the
+// defaults); each is parsed on top of STREAMPOOL_CONF (settings.hpp) and validated here, so that a
+// bad one stops the command before anything runs. Throws StressUsageError.
+void check_stress_options(StressOptions& o);
+// Parses the arguments after `stress` with the options above (--help sets `help`). Throws
+// StressUsageError.
 StressOptions parse_stress_options(const std::vector<std::string>& args);
 
 // Nanoseconds of the sampled calls, timed on the CPU around each.
@@ -159,8 +173,9 @@ Table stress_samples_table(const std::vector<StressResult>& results);
 // Reserved memory over time, one line per configuration.
 std::string stress_plot(const std::vector<StressResult>& results);
 
-// The whole command: parses, runs, prints, writes --out, checks. Returns the exit code: 0 when
-// every check passed, 1 when one failed or the run could not start, 2 for a bad command line.
-int stress_command(const std::vector<std::string>& args);
+// The whole command once parsed: runs, prints to `out`, writes --out, checks (failures to `err`
+// too). Returns the exit code: 0 when every check passed, 1 when one failed or the run could not
+// start.
+int stress_command(const StressOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace streampool::bench

@@ -1,8 +1,11 @@
 #include "tune.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace streampool::bench {
@@ -24,7 +27,7 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
   const std::vector<std::uint32_t> shelf =
       wide ? std::vector<std::uint32_t>{base.large_shelf, base.large_shelf != 0 ? 0u : 4u}
            : std::vector<std::uint32_t>{base.large_shelf};
-  std::vector<PoolOptions> grid;
+  std::vector<PoolOptions> grid{base};
   for (std::size_t l : largest) {
     for (unsigned p : per_doubling) {
       for (std::size_t r : rounding) {
@@ -38,7 +41,7 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
               o.segment_bytes = g;
               o.slab_bytes = b;
               o.large_shelf = k;
-              grid.push_back(o);
+              if (std::find(grid.begin(), grid.end(), o) == grid.end()) grid.push_back(o);
             }
           }
         }
@@ -59,8 +62,11 @@ std::vector<TuneRow> tune(const std::vector<Trace>& traces, const std::vector<Po
     rows[i].options = grid[i];
     rows[i].reports.resize(traces.size());
   }
+  std::atomic<bool> abandon{false};
+  std::atomic<bool> go{false};  // no replay starts before every thread exists
   const auto worker = [&] {
-    for (std::size_t job; (job = next.fetch_add(1)) < jobs;) {
+    go.wait(false, std::memory_order_acquire);
+    for (std::size_t job; !abandon && (job = next.fetch_add(1)) < jobs;) {
       const std::size_t row = job / traces.size();
       const std::size_t t = job % traces.size();
       ReplayOptions options;
@@ -73,11 +79,34 @@ std::vector<TuneRow> tune(const std::vector<Trace>& traces, const std::vector<Po
       }
     }
   };
+  std::string failure;
+  const auto guarded = [&] {
+    try {
+      worker();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(progress_mutex);
+      if (failure.empty()) failure = e.what();
+      abandon = true;
+    }
+  };
+  const std::size_t wanted = std::max<std::size_t>(1, std::min<std::size_t>(threads, jobs));
   std::vector<std::thread> pool;
-  for (unsigned i = 1; i < std::max(1u, threads); ++i) pool.emplace_back(worker);
-  worker();
+  try {
+    pool.reserve(wanted - 1);
+    for (std::size_t i = 1; i < wanted; ++i) pool.emplace_back(guarded);
+  } catch (const std::exception& e) {
+    abandon = true;
+    std::lock_guard<std::mutex> lock(progress_mutex);
+    failure = fmt::format("cannot create thread {} of {} (--threads): {}", pool.size() + 2, wanted,
+                          e.what());
+  }
+  go.store(true, std::memory_order_release);
+  go.notify_all();
+  if (!abandon) guarded();
   for (auto& t : pool) t.join();
+  if (!failure.empty()) throw std::runtime_error(failure);
 
+  if (!rows.empty()) rows.front().baseline = true;
   for (TuneRow& row : rows) {
     double ratios = 0;
     for (const ReplayReport& r : row.reports) {
@@ -88,13 +117,15 @@ std::vector<TuneRow> tune(const std::vector<Trace>& traces, const std::vector<Po
     }
     row.mean_ratio = row.reports.empty() ? 0 : ratios / double(row.reports.size());
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const TuneRow& a, const TuneRow& b) {
-    if (a.failed_allocations != b.failed_allocations) return a.failed_allocations < b.failed_allocations;
-    if (a.mean_ratio != b.mean_ratio) return a.mean_ratio < b.mean_ratio;
-    if (a.device_allocations != b.device_allocations) return a.device_allocations < b.device_allocations;
-    return a.fences < b.fences;
-  });
+  std::stable_sort(rows.begin(), rows.end(), ranks_before);
   return rows;
+}
+
+bool ranks_before(const TuneRow& a, const TuneRow& b) {
+  if (a.failed_allocations != b.failed_allocations) return a.failed_allocations < b.failed_allocations;
+  if (a.mean_ratio != b.mean_ratio) return a.mean_ratio < b.mean_ratio;
+  if (a.device_allocations != b.device_allocations) return a.device_allocations < b.device_allocations;
+  return a.fences < b.fences;
 }
 
 }  // namespace streampool::bench

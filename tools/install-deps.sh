@@ -4,7 +4,7 @@
 # Usage: tools/install-deps.sh [fuzz]   (fuzz: also clang and its runtimes, libFuzzer among them,
 # for tools/fuzz.sh)
 set -euo pipefail
-packages=(cmake ninja-build g++ libfmt-dev catch2 zlib1g-dev)
+packages=(cmake ninja-build g++ libfmt-dev catch2 zlib1g-dev libcli11-dev nlohmann-json3-dev)
 if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-dev)
 fi

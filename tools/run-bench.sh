@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds streampool and runs the main job. Usage: tools/run-bench.sh [build-dir]
+# Builds streampool-bench (the bench alone: not the tests or the examples) and runs the main job.
+# The build directory and its flags are tools/run-tests.sh's (tools/configure.sh), so that
+# run-tests.sh afterwards builds only the rest. Usage: tools/run-bench.sh [build-dir]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 "$root/tools/install-deps.sh"
-export PATH=/usr/local/cuda/bin:$PATH
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build"
+"$root/tools/configure.sh" "$build"
+cmake --build "$build" --target streampool-bench
 "$build/bench/streampool-bench"  # replays the embedded workloads

@@ -72,9 +72,12 @@ TEST_CASE("the wide grid searches the shelf, the base's setting first; the narro
   streampool::PoolOptions base;
   base.large_shelf = 7;
   const auto wide = tune_grid(base, true);
-  REQUIRE(wide.size() >= 2);
-  CHECK(wide[0].large_shelf == 7);
-  CHECK(wide[1].large_shelf == 0);
+  REQUIRE(wide.size() >= 3);
+  CHECK(wide[0] == base);  // the baseline, then pairs: the base's shelf, then none
+  CHECK(wide[1].large_shelf == 7);
+  CHECK(wide[2].large_shelf == 0);
+  // The base itself is one of the pairs' first halves, and is not searched twice.
+  CHECK(std::count(wide.begin(), wide.end(), base) == 1);
   CHECK(std::count_if(wide.begin(), wide.end(), [](const auto& o) { return o.large_shelf == 0; }) ==
         static_cast<std::ptrdiff_t>(wide.size() / 2));
   for (const auto& o : tune_grid(base, false)) CHECK(o.large_shelf == 7);

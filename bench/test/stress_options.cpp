@@ -56,25 +56,29 @@ TEST_CASE("stress options: defaults, every option, and --config repeated", "[str
 TEST_CASE("stress refuses a bad command line, saying what is wrong", "[stress][options]") {
   SECTION("an option without its value") {
     CHECK_THROWS_AS(parse({"--seconds"}), StressUsageError);
-    CHECK_THROWS_WITH(parse({"--config"}), Contains("--config needs a value"));
+    CHECK_THROWS_WITH(parse({"--config"}), Contains("--config") && Contains("missing"));
   }
   SECTION("an unknown option") {
-    CHECK_THROWS_WITH(parse({"--churns", "4"}), Contains("unknown option --churns"));
+    CHECK_THROWS_WITH(parse({"--churns", "4"}), Contains("not expected") && Contains("--churns"));
   }
   SECTION("an argument that is no option") {
-    CHECK_THROWS_WITH(parse({"trace.csv"}), Contains("'trace.csv'"));
+    CHECK_THROWS_WITH(parse({"trace.csv"}), Contains("not expected: trace.csv"));
+  }
+  SECTION("an option given twice that takes one value") {
+    CHECK_THROWS_AS(parse({"--seconds", "1", "--seconds", "2"}), StressUsageError);
   }
   SECTION("seconds, interval and growth must be positive numbers") {
-    CHECK_THROWS_WITH(parse({"--seconds", "0"}), Contains("--seconds needs a positive number"));
+    CHECK_THROWS_WITH(parse({"--seconds", "0"}), Contains("--seconds: needs a positive number"));
     CHECK_THROWS_WITH(parse({"--seconds", "-1"}), Contains("positive number"));
     CHECK_THROWS_WITH(parse({"--interval", "1s"}), Contains("not '1s'"));
     CHECK_THROWS_WITH(parse({"--max-growth", "nan"}), Contains("positive number"));
     CHECK_THROWS_WITH(parse({"--seconds", "inf"}), Contains("positive number"));
   }
   SECTION("threads, churn and seed must be whole numbers; threads at least one") {
-    CHECK_THROWS_WITH(parse({"--threads", "0"}), Contains("--threads needs a whole number"));
+    CHECK_THROWS_WITH(parse({"--threads", "0"}), Contains("--threads: needs a whole number"));
     CHECK_THROWS_WITH(parse({"--threads", "2.5"}), Contains("whole number"));
     CHECK_THROWS_WITH(parse({"--churn", "-1"}), Contains("whole number"));
+    CHECK_THROWS_WITH(parse({"--seed", "-1"}), Contains("not '-1'"));
     CHECK_THROWS_WITH(parse({"--seed", "x"}), Contains("whole number"));
   }
   SECTION("a configuration the pool would refuse, named with the pool's reason") {

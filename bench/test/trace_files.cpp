@@ -1,4 +1,5 @@
 // read_trace: files plain or gzip'd, told apart by their first bytes.
+#include "temp_dir.hpp"
 #include "trace.hpp"
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 using namespace streampool::bench;
+using streampool::bench::testing::TempDir;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
@@ -21,28 +23,6 @@ const std::string csv =
     "0,0,alloc,0x7fd465400000,3072,0x0\n"
     "0,5,free_requested,0x7fd465400000,3072,0x0\n"
     "0,5,free_completed,0x7fd465400000,3072,0x0\n";
-
-// A directory of its own under the system's temporary directory, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("streampool_bench_tests." + std::to_string(::getpid()) + "." + std::to_string(++counter));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 void write_plain(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

@@ -1,0 +1,68 @@
+// A replay whose allocations fail: they are a column of the report, the command exits with 1,
+// and the peak requested is still the trace's own (failed allocations are part of its demand).
+#include "cli_helpers.hpp"
+#include "replay.hpp"
+#include "temp_dir.hpp"
+#include "trace_helpers.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace streampool::bench;
+using namespace streampool::bench::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// One allocation of 1 TiB (the fake device holds 141 GiB), one of 1 MiB, both freed.
+const std::string huge_csv =
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "0,1,allocate,0x1000,1099511627776,0x0\n"
+    "0,2,allocate,0x2000,1048576,0x0\n"
+    "0,3,free,0x1000,1099511627776,0x0\n"
+    "0,4,free,0x2000,1048576,0x0\n";
+constexpr std::uint64_t huge_peak = (std::uint64_t{1} << 40) + (std::uint64_t{1} << 20);
+
+}  // namespace
+
+TEST_CASE("peak_requested is the trace's own peak, also when allocations fail", "[replay]") {
+  const Trace trace = parse(huge_csv, "huge");
+  REQUIRE(trace.peak_requested() == huge_peak);
+  SECTION("an allocation larger than the device") {
+    const ReplayReport report = replay(trace, fake_target(), {});
+    CHECK(report.failed_allocations == 1);
+    CHECK(report.peak_requested == huge_peak);
+  }
+  SECTION("every allocation refused by a memory limit") {
+    ReplayOptions options;
+    options.pool.max_reserved_bytes = 4096;
+    const ReplayReport report = replay(trace, fake_target(), options);
+    CHECK(report.failed_allocations == 2);
+    CHECK(report.peak_requested == huge_peak);
+    CHECK(report.peak_reserved == 0);
+  }
+}
+
+TEST_CASE("replay: failed allocations are a column and make the exit status non-zero",
+          "[replay][cli]") {
+  const TempDir dir;
+  const std::string path = dir.file("huge.csv");
+  write_text(path, huge_csv);
+  SECTION("the table has the column, stderr says so, the status is 1") {
+    const BenchRun run = run_bench({"replay", "--fake", path});
+    CHECK(run.status == 1);
+    CHECK_THAT(run.out, Contains("| failed allocations |"));
+    CHECK_THAT(run.out, Contains("| huge | fake device | 4 | 1 |"));
+    CHECK_THAT(run.err, Contains("1 of 2 allocations failed in huge"));
+  }
+  SECTION("--json too: valid JSON on stdout, the failures in it, the status 1") {
+    const BenchRun run = run_bench({"replay", "--fake", path, "--json"});
+    CHECK(run.status == 1);
+    const nlohmann::json report = nlohmann::json::parse(run.out).at(0);
+    CHECK(report.at("failed_allocations") == 1);
+    CHECK(report.at("peak_requested_bytes") == huge_peak);
+  }
+  SECTION("a replay without failures exits with 0") {
+    CHECK(run_bench({"replay", "--fake", "--workload", "random"}).status == 0);
+  }
+}
