@@ -150,7 +150,7 @@ TEST_CASE("a recorded run of 4 threads on 3 streams reads back and replays as th
           "[trace][recorder]") {
   TempFile file("recorded-run.csv");
   constexpr int thread_count = 4;
-  constexpr int rounds = 30;
+  constexpr int rounds = 60;
   std::vector<std::vector<Did>> did(thread_count);
   std::uint64_t allocations = 0;
   std::int64_t true_peak = 0;

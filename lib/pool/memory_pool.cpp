@@ -20,6 +20,33 @@ namespace detail {
 // device hold; a failed device call names the call and keeps CUDA's error.
 Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes,
                        cudaStream_t stream);
+
+// The observed paths, out of line and each a tail call of its entry point, so that the entry
+// point's own code stays a load, a test and a jump: with the observer's call inline, GCC saved
+// registers in release_block's prologue on every drop (16 instructions a drop against 6).
+[[gnu::noinline, gnu::cold]] void* observed_allocation(Observer& observer, void* ptr,
+                                                       std::size_t bytes,
+                                                       cudaStream_t stream) noexcept {
+  observer.allocated(ptr, bytes, stream);
+  return ptr;
+}
+[[gnu::noinline, gnu::cold]] Block* observed_allocation(Observer& observer, Block* block,
+                                                        std::size_t bytes,
+                                                        cudaStream_t stream) noexcept {
+  observer.allocated(block->ptr, bytes, stream);
+  return block;
+}
+[[gnu::noinline, gnu::cold]] void observed_drop(Observer& observer, PoolCore& core, Block* block,
+                                                cudaStream_t stream) noexcept {
+  observer.freeing(block->ptr, stream);
+  core.drop(block, stream);
+}
+[[gnu::noinline, gnu::cold]] void observed_deallocate(Observer& observer, PoolCore& core,
+                                                      void* ptr, std::size_t bytes,
+                                                      cudaStream_t stream) noexcept {
+  observer.freeing(ptr, stream);
+  core.deallocate_raw(ptr, bytes, stream);
+}
 }  // namespace detail
 
 namespace {
@@ -63,7 +90,7 @@ void* MemoryPool::allocate(std::size_t bytes, cudaStream_t stream) {
   void* ptr = core_->allocate_raw(bytes, stream, failure);
   if (ptr == nullptr) throw detail::allocation_error(*core_, failure, bytes, stream);
   if (detail::Observer* observer = core_->observer()) [[unlikely]] {
-    observer->allocated(ptr, bytes, stream);
+    return detail::observed_allocation(*observer, ptr, bytes, stream);
   }
   return ptr;
 }
@@ -75,14 +102,14 @@ void* MemoryPool::try_allocate(std::size_t bytes, cudaStream_t stream,
   error = failure.error_code();
   if (detail::Observer* observer = core_->observer(); observer != nullptr && ptr != nullptr)
       [[unlikely]] {
-    observer->allocated(ptr, bytes, stream);
+    return detail::observed_allocation(*observer, ptr, bytes, stream);
   }
   return ptr;
 }
 
 void MemoryPool::deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
   if (detail::Observer* observer = core_->observer()) [[unlikely]] {
-    observer->freeing(ptr, stream);
+    return detail::observed_deallocate(*observer, *core_, ptr, bytes, stream);
   }
   core_->deallocate_raw(ptr, bytes, stream);
 }
@@ -127,7 +154,7 @@ Block* allocate_block(MemoryPool& pool, std::size_t bytes, cudaStream_t stream,
   error = failure.error_code();
   if (Observer* observer = pool.core().observer(); observer != nullptr && block != nullptr)
       [[unlikely]] {
-    observer->allocated(block->ptr, bytes, stream);
+    return observed_allocation(*observer, block, bytes, stream);
   }
   return block;
 }
@@ -137,7 +164,7 @@ Block* allocate_block_or_throw(MemoryPool& pool, std::size_t bytes, cudaStream_t
   Block* block = pool.core().allocate(bytes, stream, failure);
   if (block == nullptr) throw allocation_error(pool.core(), failure, bytes, stream);
   if (Observer* observer = pool.core().observer()) [[unlikely]] {
-    observer->allocated(block->ptr, bytes, stream);
+    return observed_allocation(*observer, block, bytes, stream);
   }
   return block;
 }
@@ -146,7 +173,9 @@ void* block_address(const Block* block) noexcept { return block->ptr; }
 
 void release_block(Block* block, cudaStream_t stream) noexcept {
   PoolCore& core = *block->home->core;
-  if (Observer* observer = core.observer()) [[unlikely]] observer->freeing(block->ptr, stream);
+  if (Observer* observer = core.observer()) [[unlikely]] {
+    return observed_drop(*observer, core, block, stream);
+  }
   core.drop(block, stream);
 }
 

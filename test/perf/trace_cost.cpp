@@ -4,6 +4,7 @@
 // the fastest repeat in nanoseconds per pair.
 //
 //   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES] [checks=none|full]
+//                         [modes=both|off]
 //
 // Builds against a library without the recorder too (the "on" rows are then left out), so that
 // the off cost can be measured against the code before the recorder existed (the command in
@@ -42,15 +43,19 @@ struct Settings {
   int threads = 2;
   std::size_t size = 4096;
   streampool::StreamChecks checks = streampool::StreamChecks::none;
+  bool on = true;  // measure with the recorder on too (where the library has it)
 };
 
 // Nanoseconds per pair, the mean over the threads, for one pool.
-double run(const Settings& settings, int threads, const std::string& trace_file, bool& complete) {
+double run(const Settings& settings, int threads, [[maybe_unused]] const std::string& trace_file,
+           [[maybe_unused]] bool& complete) {
   auto fake = std::make_shared<streampool::FakeDevice>();
   streampool::PoolOptions options;
   options.read_environment = false;
   options.stream_checks = settings.checks;
+#if STREAMPOOL_TRACE_COST_HAVE_RECORDER
   options.trace_file = trace_file;
+#endif
   std::vector<cudaStream_t> streams;
   for (int t = 0; t < threads; ++t) streams.push_back(fake->create_stream());
   double total_ns = 0;
@@ -107,6 +112,8 @@ bool parse(Settings& s, const std::string& arg) {
   else if (key == "size") s.size = std::stoull(value);
   else if (key == "checks" && value == "none") s.checks = streampool::StreamChecks::none;
   else if (key == "checks" && value == "full") s.checks = streampool::StreamChecks::full;
+  else if (key == "modes" && value == "off") s.on = false;
+  else if (key == "modes" && value == "both") s.on = true;
   else return false;
   return s.pairs > 0 && s.repeats > 0 && s.threads > 0 && s.size > 0;
 }
@@ -119,7 +126,7 @@ int main(int argc, char** argv) {
     if (!parse(settings, argv[i])) {
       std::fprintf(stderr,
                    "usage: %s [pairs=N] [repeats=R] [threads=T] [size=BYTES] "
-                   "[checks=none|full]\n",
+                   "[checks=none|full] [modes=both|off]\n",
                    argv[0]);
       return 2;
     }
@@ -129,7 +136,7 @@ int main(int argc, char** argv) {
        ("streampool_trace_cost." + std::to_string(::getpid()) + ".csv"))
           .string();
   std::vector<std::string> modes{"off"};
-  if (STREAMPOOL_TRACE_COST_HAVE_RECORDER) modes.push_back("on");
+  if (STREAMPOOL_TRACE_COST_HAVE_RECORDER && settings.on) modes.push_back("on");
   std::map<std::pair<std::string, int>, std::vector<double>> samples;
   bool complete = true;
   for (int r = 0; r < settings.repeats; ++r) {
