@@ -143,6 +143,7 @@ TEST_CASE("every allocate and free is a line with its thread, time, pointer, siz
   pool->deallocate(raw2, 512, s);
   const std::uint64_t b_address = address(b.data());
   b.reset();
+  pool->deallocate(nullptr, 0, s);  // does nothing, and is no free of anything
   streampool::flush_trace(*pool);
 
   const std::vector<Line> lines = read_lines(path);
@@ -176,6 +177,7 @@ TEST_CASE("every allocate and free is a line with its thread, time, pointer, siz
   CHECK(status.path == path);
   CHECK(status.allocations == 4);
   CHECK(status.frees == 4);
+  CHECK(status.unseen_frees == 0);
   CHECK(status.streams == 2);
   CHECK(status.threads == 1);
   CHECK(status.error_message.empty());

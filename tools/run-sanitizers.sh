@@ -31,9 +31,9 @@ for kind in "${kinds[@]}"; do
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSTREAMPOOL_DEBUG_CHECKS=2 -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
-  cmake --build "$build" --target streampool_tests
+  cmake --build "$build" --target streampool_tests streampool_trace_cost
   built=$SECONDS
-  # Every test case CTest knows of the executable (the GPU tests, the header check and the
+  # Every test case CTest knows of the two executables (the GPU tests, the header check and the
   # consumer projects need what is not built here).
   ctest --test-dir "$build" --output-on-failure \
     -E '^(gpu|headers\..*|example\..*|consumer\..*)$' \

@@ -108,7 +108,8 @@ void* MemoryPool::try_allocate(std::size_t bytes, cudaStream_t stream,
 }
 
 void MemoryPool::deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
-  if (detail::Observer* observer = core_->observer()) [[unlikely]] {
+  if (detail::Observer* observer = core_->observer(); observer != nullptr && ptr != nullptr)
+      [[unlikely]] {
     return detail::observed_deallocate(*observer, *core_, ptr, bytes, stream);
   }
   core_->deallocate_raw(ptr, bytes, stream);
