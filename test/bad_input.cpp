@@ -91,6 +91,12 @@ TEST_CASE("every key refuses an empty, negative, non-numeric or overflowing valu
       REQUIRE_THAT(refusal(conf), Catch::Contains(conf));
     }
   }
+  SECTION("trace_file takes any path, but not an empty one") {
+    REQUIRE_THAT(refusal("trace_file="), Catch::Contains("trace_file=") &&
+                                             Catch::Contains("expected a file path"));
+    REQUIRE_THAT(refusal("trace_file=  ,slab=1M"), Catch::Contains("trace_file="));
+    REQUIRE(PoolOptions::parse("trace_file= a b=c.csv ").trace_file == "a b=c.csv");
+  }
   SECTION("an empty key is an unknown key") {
     REQUIRE_THAT(refusal("=1M"), Catch::Contains("unknown key ''"));
     REQUIRE_THAT(refusal("slab=1M, =2"), Catch::Contains("unknown key ''"));
@@ -139,6 +145,11 @@ TEST_CASE("sizes the pool's arithmetic cannot hold are refused, naming the key a
     options.stats_granule = std::size_t{1} << 62;
     CHECK_THAT(construction_refusal(options),
                Catch::Contains("stats_granule") && Catch::Contains("1 TiB"));
+    options = test_options();
+    options.trace_file = std::string("run\0.csv", 7);
+    CHECK_THAT(construction_refusal(options),
+               Catch::Contains("trace_file") && Catch::Contains("NUL"));
+    // A path that cannot be opened: test/trace_recorder.cpp.
   }
 }
 

@@ -339,6 +339,7 @@ TEST_CASE("to_conf() gives the line that parse() turns back into the same option
   SECTION("the defaults") {
     const PoolOptions defaults;
     REQUIRE(PoolOptions::parse(defaults.to_conf()) == defaults);
+    REQUIRE_THAT(defaults.to_conf(), !Catch::Contains("trace_file"));  // only when set
   }
   SECTION("every option changed, with sizes that take a suffix") {
     PoolOptions o;
@@ -351,9 +352,11 @@ TEST_CASE("to_conf() gives the line that parse() turns back into the same option
     o.cross_stream_wait = true;
     o.stream_checks = StreamChecks::none;
     o.stats_granule = 0;
+    o.trace_file = "traces/run 1.csv";
     REQUIRE(PoolOptions::parse(o.to_conf()) == o);
     REQUIRE_THAT(o.to_conf(), Catch::Contains("segment=3G") && Catch::Contains("slab=8M") &&
-                                  Catch::Contains("smallest=2K"));
+                                  Catch::Contains("smallest=2K") &&
+                                  Catch::EndsWith(",trace_file=traces/run 1.csv"));
   }
   SECTION("sizes that are not a multiple of any suffix, and the largest sizes") {
     PoolOptions o;

@@ -82,13 +82,21 @@ struct STREAMPOOL_API PoolOptions {
   // Pool-wide peaks of requested bytes are exact to within 2 x stats_granule per stream (0: exact,
   // at the price of one shared atomic update per allocation and drop; at most 1 TiB).
   std::size_t stats_granule = std::size_t{1} << 20;
+  // Record every allocation and free of the pool to this file, as a trace that
+  // `streampool-bench replay` reads (empty: no recording, the default). The file is created (or
+  // truncated) when the pool is constructed, which throws Error(Errc::invalid_value) naming the
+  // path when it cannot be opened. The recorder is a layer over the pool
+  // (<streampool/trace_recorder.hpp> says what it writes, and how to start and stop it in code).
+  // Through STREAMPOOL_CONF the path cannot contain a comma (the items' separator).
+  std::string trace_file;
   // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, large_shelf, expandable_segments, max_reserved, unfenced, unfenced_us, idle_ms,
-  // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
-  // take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
+  // slab, segment, large_rounding, large_shelf, expandable_segments, max_reserved, unfenced,
+  // unfenced_us, idle_ms, fence_every_free, cross_stream_wait, stream_checks
+  // (none|identity|full), stats_granule, trace_file (a path, taken as written). Sizes take a K, M
+  // or G suffix (binary). Spaces around items, keys and values and empty items are
   // ignored; a key given twice takes its later value (each value must be valid).
   // Throws Error(Errc::invalid_value) naming the bad key or value: an unknown or empty key, an
   // item without '=', a value that is empty, negative, not a number, too large for its field,
@@ -97,11 +105,12 @@ struct STREAMPOOL_API PoolOptions {
   static PoolOptions parse(std::string_view conf);
   // `base` with STREAMPOOL_CONF applied, if it is set.
   static PoolOptions from_environment(const PoolOptions& base);
-  // The conf line that parse() turns back into these options.
+  // The conf line that parse() turns back into these options (trace_file only when set).
   std::string to_conf() const;
   // Why these options are unusable, or an empty string: the size classes (size_classes.hpp),
   // large_rounding a power of two from the alignment to 1 TiB, slab from 1 byte to 1 GiB,
-  // segment from 1 byte to 1 TiB, stats_granule at most 1 TiB.
+  // segment from 1 byte to 1 TiB, stats_granule at most 1 TiB, trace_file without a NUL
+  // character.
   std::string validate() const;
 
   friend bool operator==(const PoolOptions&, const PoolOptions&) = default;

@@ -109,6 +109,12 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     else if (key == "fence_every_free") o.fence_every_free = parse_bool(key, value);
     else if (key == "cross_stream_wait") o.cross_stream_wait = parse_bool(key, value);
     else if (key == "stats_granule") o.stats_granule = parse_size(key, value);
+    else if (key == "trace_file") {
+      // A path, taken as written: only an empty one is refused here (one that cannot be opened
+      // is refused by the pool's construction, which names it).
+      if (value.empty()) bad(key, value, "expected a file path");
+      o.trace_file = std::string(value);
+    }
     else if (key == "stream_checks") {
       if (value == "none") o.stream_checks = StreamChecks::none;
       else if (value == "identity") o.stream_checks = StreamChecks::identity;
@@ -121,7 +127,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
                                                    "expandable_segments, max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
-                                                   "stream_checks, stats_granule)",
+                                                   "stream_checks, stats_granule, trace_file)",
                                                    key));
     }
   }
@@ -137,7 +143,7 @@ PoolOptions PoolOptions::from_environment(const PoolOptions& base) {
 }
 
 std::string PoolOptions::to_conf() const {
-  return fmt::format(
+  std::string conf = fmt::format(
       "smallest={},per_doubling={},largest={},alignment={},slab={},segment={},"
       "large_rounding={},large_shelf={},expandable_segments={},max_reserved={},unfenced={},"
       "unfenced_us={},idle_ms={},"
@@ -149,6 +155,8 @@ std::string PoolOptions::to_conf() const {
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
       cross_stream_wait, checks_text(stream_checks), size_text(stats_granule));
+  if (!trace_file.empty()) conf += ",trace_file=" + trace_file;
+  return conf;
 }
 
 std::string PoolOptions::validate() const {
@@ -179,6 +187,9 @@ std::string PoolOptions::validate() const {
   }
   if (large_shelf > max_large_shelf) {
     return fmt::format("large_shelf ({}) must be at most {}", large_shelf, max_large_shelf);
+  }
+  if (trace_file.find('\0') != std::string::npos) {
+    return "trace_file must not contain a NUL character (a path cannot)";
   }
   return {};
 }

@@ -51,7 +51,10 @@ PoolCore::PoolCore(std::shared_ptr<Device> device, const PoolOptions& options)
   bury_dead_pools();
 }
 
-PoolCore::~PoolCore() { owned_gate_.reset(); }
+PoolCore::~PoolCore() {
+  owned_gate_.reset();
+  owned_observer_.reset();  // the last buffer is gone: a recorder closes its file here
+}
 
 bool PoolCore::release_device_memory() noexcept {
   if (!synchronized_at_end_) {
@@ -102,6 +105,22 @@ Gate& PoolCore::install_gate(std::unique_ptr<Gate> gate) noexcept {
     gate_.store(owned_gate_.get(), std::memory_order_release);
   }
   return *owned_gate_;
+}
+
+Observer& PoolCore::install_observer(std::unique_ptr<Observer> observer) noexcept {
+  std::lock_guard<std::mutex> lock(gate_mutex_);
+  if (owned_observer_ == nullptr) owned_observer_ = std::move(observer);
+  return *owned_observer_;
+}
+
+Observer* PoolCore::installed_observer() noexcept {
+  std::lock_guard<std::mutex> lock(gate_mutex_);
+  return owned_observer_.get();
+}
+
+void PoolCore::observing(bool on) noexcept {
+  std::lock_guard<std::mutex> lock(gate_mutex_);
+  observer_.store(on ? owned_observer_.get() : nullptr, std::memory_order_release);
 }
 
 void PoolCore::orphan() noexcept {

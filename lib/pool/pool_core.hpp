@@ -14,7 +14,8 @@
 //    ├─ parked               blocks waiting for several needs                parked mutex
 //    ├─ device timeline      device synchronizes, as fences                  (atomics)
 //    ├─ EventPool            idle fence events                               event mutex
-//    └─ Gate*                the hooks of the layer above (gate.hpp)
+//    ├─ Gate*                the hooks of the layer above (gate.hpp)
+//    └─ Observer*            kept for the public entry points, never called here (observer.hpp)
 //
 //   Block: a range of device memory (block.hpp). Live: on no list, counted on its home stream.
 //   Free: its Need (a timeline and a fence index) says who may have it; covered() decides.
@@ -29,6 +30,7 @@
 #include "fences.hpp"
 #include "gate.hpp"
 #include "large_tier.hpp"
+#include "observer.hpp"
 #include "small_tier.hpp"
 #include "spin_lock.hpp"
 #include "stream_registry.hpp"
@@ -118,6 +120,15 @@ class PoolCore {
   // Counts `b` live on `s` / no longer live (the gate's own allocations and drops).
   void count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept;  // [s.lock]
   void count_drop(Block* b) noexcept;  // [nothing locked]
+  // --- for a layer that watches the public calls (observer.hpp) --------------------------------
+  // Installs the observer (once; the core owns it from then on, so that calls in flight on
+  // other threads never see it destroyed) and returns the one installed. It is called only while
+  // published (observing(true)); the public entry points read observer() once per call.
+  Observer& install_observer(std::unique_ptr<Observer> observer) noexcept;
+  void observing(bool on) noexcept;
+  Observer* installed_observer() noexcept;  // published or not; null before install_observer
+  Observer* observer() const noexcept { return observer_.load(std::memory_order_acquire); }
+
   // Something above the pool keeps the core alive until it lets go.
   void keep() noexcept;
   void let_go() noexcept;
@@ -285,6 +296,9 @@ class PoolCore {
   bool release_device_memory() noexcept;
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
+  // Read by every public call, written only when recording starts or stops: kept beside the
+  // constants, away from the lines the fast paths write.
+  std::atomic<Observer*> observer_{nullptr};
   const PoolOptions options_;
   const SizeClasses classes_;
   const FencePolicy policy_;
@@ -328,6 +342,7 @@ class PoolCore {
   std::atomic<Gate*> gate_{nullptr};
   std::unique_ptr<Gate> owned_gate_;
   std::mutex gate_mutex_;
+  std::unique_ptr<Observer> owned_observer_;  // [gate_mutex_]
 
   // Lifetime: see orphan().
   mutable std::mutex keepers_mutex_;

@@ -1,0 +1,40 @@
+// The observer: the pool's hook for a layer that watches its public calls (the trace recorder,
+// lib/trace/). The pool core never calls it and knows nothing of what it does: it only keeps the
+// pointer (PoolCore::observer()), so that the public entry points (memory_pool.cpp), which reach
+// the core from a MemoryPool or from a block, can find it. Nothing under lib/pool/ but
+// memory_pool.cpp calls these.
+//
+// Where the calls are made, and why there:
+//   - allocated: after an allocation succeeded, before the caller gets the pointer, so that no
+//     thread can free it (and see its free recorded) before its allocation is recorded;
+//   - freeing: before the drop, so that no thread can be handed the memory again (and record that
+//     allocation) before this free is recorded;
+//   - recorded_stream, releasing_stream: after the pool's own work on them succeeded.
+// All calls of one pool may come from many threads at once; an observer does its own locking.
+// None of them may make a device call (they run during captures too) or throw.
+#pragma once
+
+#include <streampool/device.hpp>
+
+#include <cstddef>
+
+namespace streampool::detail {
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+
+  // `bytes`: the size asked for. `stream`: the stream the allocation is ordered on.
+  virtual void allocated(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept = 0;
+  // A buffer's drop or a deallocate: `stream` is the stream the free is ordered on (a buffer's
+  // own; for deallocate, the one it names).
+  virtual void freeing(const void* ptr, cudaStream_t stream) noexcept = 0;
+  // PooledBuffer::record_stream(stream) of the buffer at `ptr`.
+  virtual void recorded_stream(const void* ptr, cudaStream_t stream) noexcept = 0;
+  // MemoryPool::release_stream(stream): its handle may name another stream from now on.
+  virtual void releasing_stream(cudaStream_t stream) noexcept = 0;
+  // The MemoryPool object is being destroyed (buffers may still be alive and dropped later).
+  virtual void closing() noexcept = 0;
+};
+
+}  // namespace streampool::detail

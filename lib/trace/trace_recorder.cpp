@@ -1,0 +1,306 @@
+// The trace recorder (<streampool/trace_recorder.hpp>): its file, its ids, and the public calls
+// that start and stop it.
+#include "trace_recorder.hpp"
+
+#include "../pool/pool_core.hpp"
+
+#include <streampool/error.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <functional>
+#include <set>
+
+namespace streampool::detail {
+namespace {
+
+// The paths the process's recorders hold: a second pool given one of them gets another name
+// rather than truncating the first pool's file.
+struct OpenPaths {
+  std::mutex mutex;
+  std::set<std::string> held;
+};
+OpenPaths& open_paths() {
+  static OpenPaths* instance = new OpenPaths;  // never destroyed: recorders close at exit too
+  return *instance;
+}
+
+// "dir/trace.csv" -> "dir/trace.2.csv" for n = 2; "trace" -> "trace.2".
+std::string numbered(const std::string& path, unsigned n) {
+  const std::size_t slash = path.rfind('/');
+  const std::size_t dot = path.rfind('.');
+  const bool has_extension =
+      dot != std::string::npos && dot != 0 && (slash == std::string::npos || dot > slash + 1);
+  if (!has_extension) return fmt::format("{}.{}", path, n);
+  return fmt::format("{}.{}{}", path.substr(0, dot), n, path.substr(dot));
+}
+
+void release_path(const std::string& path) noexcept {
+  std::lock_guard<std::mutex> lock(open_paths().mutex);
+  open_paths().held.erase(path);
+}
+
+constexpr std::string_view header = "Thread,Time,Action,Pointer,Size,Stream\n";
+
+}  // namespace
+
+std::size_t TraceRecorder::StreamKeyHash::operator()(const StreamKey& key) const noexcept {
+  return std::hash<const void*>()(key.first) ^ (std::hash<std::thread::id>()(key.second) << 1);
+}
+
+TraceRecorder::~TraceRecorder() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  close_file();
+}
+
+void TraceRecorder::start(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (recording()) {
+    throw Error(Errc::invalid_value, fmt::format("trace_file '{}': the pool is recording to '{}' "
+                                                 "already",
+                                                 path, status_.path));
+  }
+  std::string chosen = path;
+  {
+    std::lock_guard<std::mutex> paths(open_paths().mutex);
+    for (unsigned n = 2; open_paths().held.contains(chosen); ++n) chosen = numbered(path, n);
+    errno = 0;
+    file_ = std::fopen(chosen.c_str(), "wb");
+    if (file_ == nullptr) {
+      const int why = errno;
+      throw Error(Errc::invalid_value,
+                  fmt::format("trace_file '{}': cannot open it for writing: {}", chosen,
+                              why != 0 ? std::strerror(why) : "unknown reason"));
+    }
+    open_paths().held.insert(chosen);
+  }
+  // The buffer is ours; the file's own would only copy it once more.
+  std::setvbuf(file_, nullptr, _IONBF, 0);
+  // The header now, so that a file that cannot be written (a full disk) fails here, and a
+  // recording with no calls yet is already a trace.
+  errno = 0;
+  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) {
+    const int why = errno;
+    std::fclose(std::exchange(file_, nullptr));
+    release_path(chosen);
+    throw Error(Errc::invalid_value,
+                fmt::format("trace_file '{}': cannot write to it: {}", chosen,
+                            why != 0 ? std::strerror(why) : "short write"));
+  }
+  status_ = TraceStatus{};
+  status_.recording = true;
+  status_.path = chosen;
+  live_.clear();
+  streams_.clear();
+  threads_.clear();
+  buffer_.clear();
+  buffer_.reserve(block_bytes + 256);
+  start_ = std::chrono::steady_clock::now();
+  core_.observing(true);
+}
+
+TraceStatus TraceRecorder::stop() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  close_file();
+  return status_;
+}
+
+void TraceRecorder::flush() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (recording()) write_out();
+}
+
+TraceStatus TraceRecorder::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return status_;
+}
+
+void TraceRecorder::allocated(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  try {
+    const StreamKey key = key_of(stream);
+    const std::uint32_t id = stream_id(key);
+    live_.insert_or_assign(ptr, Live{bytes, key, id, no_stream});
+    write_line(true, ptr, bytes, id);
+    ++status_.allocations;
+  } catch (const std::bad_alloc&) {
+    fail("no memory to record an allocation");
+  }
+}
+
+void TraceRecorder::freeing(const void* ptr, cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  const auto found = live_.find(ptr);
+  if (found == live_.end()) {
+    ++status_.unseen_frees;  // allocated before the recording started (or not this pool's)
+    return;
+  }
+  const Live live = found->second;
+  live_.erase(found);
+  try {
+    // On its own stream (a buffer's drop always is): the allocation's id, which a release_stream
+    // of the handle since does not change; then the last stream record_stream named, if any.
+    const StreamKey key = key_of(stream);
+    std::uint32_t id = key == live.key ? live.stream : stream_id(key);
+    if (id == live.stream && live.used_on != no_stream) id = live.used_on;
+    write_line(false, ptr, live.bytes, id);
+    ++status_.frees;
+  } catch (const std::bad_alloc&) {
+    fail("no memory to record a free");
+  }
+}
+
+void TraceRecorder::recorded_stream(const void* ptr, cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  const auto found = live_.find(ptr);
+  if (found == live_.end()) return;
+  try {
+    const StreamKey key = key_of(stream);
+    if (key != found->second.key) found->second.used_on = stream_id(key);
+  } catch (const std::bad_alloc&) {
+    fail("no memory to record a record_stream");
+  }
+}
+
+void TraceRecorder::releasing_stream(cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  streams_.erase(key_of(stream));
+}
+
+void TraceRecorder::closing() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_closed_ = true;
+  if (recording()) write_out();
+}
+
+TraceRecorder::StreamKey TraceRecorder::key_of(cudaStream_t stream) noexcept {
+  return {stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
+}
+
+std::uint32_t TraceRecorder::stream_id(const StreamKey& key) {
+  const auto [it, inserted] =
+      streams_.try_emplace(key, static_cast<std::uint32_t>(status_.streams));
+  if (inserted) ++status_.streams;
+  return it->second;
+}
+
+std::uint32_t TraceRecorder::thread_id() {
+  const auto [it, inserted] = threads_.try_emplace(std::this_thread::get_id(),
+                                                   static_cast<std::uint32_t>(status_.threads));
+  if (inserted) ++status_.threads;
+  return it->second;
+}
+
+void TraceRecorder::write_line(bool allocation, const void* ptr, std::size_t bytes,
+                               std::uint32_t stream) {
+  // Under the mutex: the times never decrease down the file.
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - start_)
+                          .count();
+  // By hand with to_chars: fmt::format_to into the string cost about a microsecond a line.
+  const auto put = [this](std::uint64_t value, int base) {
+    std::array<char, 24> digits;
+    const auto result = std::to_chars(digits.data(), digits.data() + digits.size(), value, base);
+    buffer_.append(digits.data(), result.ptr);
+  };
+  put(thread_id(), 10);
+  buffer_.push_back(',');
+  put(static_cast<std::uint64_t>(micros), 10);
+  buffer_.append(allocation ? ",allocate,0x" : ",free,0x");
+  put(reinterpret_cast<std::uintptr_t>(ptr), 16);
+  buffer_.push_back(',');
+  put(bytes, 10);
+  buffer_.push_back(',');
+  put(stream, 10);
+  buffer_.push_back('\n');
+  if (buffer_.size() >= block_bytes || pool_closed_) write_out();
+}
+
+void TraceRecorder::write_out() noexcept {
+  if (buffer_.empty()) return;
+  errno = 0;
+  const std::size_t written = std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
+  if (written != buffer_.size()) {
+    const int why = errno;
+    fail(fmt::format("writing it failed: {}", why != 0 ? std::strerror(why) : "short write"));
+    return;
+  }
+  buffer_.clear();
+}
+
+void TraceRecorder::fail(const std::string& why) noexcept {
+  try {
+    status_.error_message = fmt::format(
+        "trace_file '{}': {}; the recording stopped after {} allocations and {} frees (the file "
+        "is incomplete)",
+        status_.path, why, status_.allocations, status_.frees);
+    std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
+  } catch (...) {
+    std::fprintf(stderr, "streampool: trace_file: %s\n", why.c_str());
+  }
+  buffer_.clear();
+  close_file();
+}
+
+void TraceRecorder::close_file() noexcept {
+  if (file_ == nullptr) return;
+  core_.observing(false);  // calls in flight find the file closed and write nothing
+  write_out();             // may fail, and come back here with nothing left to write
+  if (file_ == nullptr) return;
+  std::FILE* file = std::exchange(file_, nullptr);
+  status_.recording = false;
+  errno = 0;
+  if (std::fclose(file) != 0 && status_.error_message.empty()) {
+    const int why = errno;
+    status_.error_message =
+        fmt::format("trace_file '{}': closing it failed: {}", status_.path,
+                    why != 0 ? std::strerror(why) : "unknown reason");
+    std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
+  }
+  release_path(status_.path);
+}
+
+}  // namespace streampool::detail
+
+namespace streampool {
+namespace {
+
+detail::TraceRecorder& recorder_of(MemoryPool& pool) {
+  detail::PoolCore& core = pool.core();
+  auto& observer = core.install_observer(std::make_unique<detail::TraceRecorder>(core));
+  // The trace recorder is the only observer there is.
+  return static_cast<detail::TraceRecorder&>(observer);
+}
+
+}  // namespace
+
+void start_trace(MemoryPool& pool, const std::string& path) { recorder_of(pool).start(path); }
+
+TraceStatus stop_trace(MemoryPool& pool) noexcept {
+  detail::Observer* observer = pool.core().installed_observer();
+  if (observer == nullptr) return {};
+  return static_cast<detail::TraceRecorder*>(observer)->stop();
+}
+
+void flush_trace(MemoryPool& pool) noexcept {
+  if (detail::Observer* observer = pool.core().installed_observer()) {
+    static_cast<detail::TraceRecorder*>(observer)->flush();
+  }
+}
+
+TraceStatus trace_status(const MemoryPool& pool) {
+  detail::Observer* observer = pool.core().installed_observer();
+  if (observer == nullptr) return {};
+  return static_cast<detail::TraceRecorder*>(observer)->status();
+}
+
+}  // namespace streampool

@@ -1,0 +1,165 @@
+// What the trace recorder costs: same-stream allocate + drop pairs of a PooledBuffer on the fake
+// device, with the recorder off and on, on 1..T threads (each on a stream of its own), repeated
+// with the modes interleaved so that a busy machine disturbs both alike. Prints the median and
+// the fastest repeat in nanoseconds per pair.
+//
+//   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES] [checks=none|full]
+//                         [modes=both|off]
+//
+// Builds against a library without the recorder too (the "on" rows are then left out), so that
+// the off cost can be measured against the code before the recorder existed (the command in
+// docs/design.md, "The trace recorder"). Exits with 1 when a recording did not see every pair.
+#include <streampool/fake_device.hpp>
+#include <streampool/memory_pool.hpp>
+#include <streampool/pooled_buffer.hpp>
+#if __has_include(<streampool/trace_recorder.hpp>)
+#include <streampool/trace_recorder.hpp>
+#define STREAMPOOL_TRACE_COST_HAVE_RECORDER 1
+#else
+#define STREAMPOOL_TRACE_COST_HAVE_RECORDER 0
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Bytes = streampool::PooledBuffer<std::byte>;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::uint64_t pairs = 2'000'000;  // per thread and repeat
+  int repeats = 7;
+  int threads = 2;
+  std::size_t size = 4096;
+  streampool::StreamChecks checks = streampool::StreamChecks::none;
+  bool on = true;  // measure with the recorder on too (where the library has it)
+};
+
+// Nanoseconds per pair, the mean over the threads, for one pool.
+double run(const Settings& settings, int threads, [[maybe_unused]] const std::string& trace_file,
+           [[maybe_unused]] bool& complete) {
+  auto fake = std::make_shared<streampool::FakeDevice>();
+  streampool::PoolOptions options;
+  options.read_environment = false;
+  options.stream_checks = settings.checks;
+#if STREAMPOOL_TRACE_COST_HAVE_RECORDER
+  options.trace_file = trace_file;
+#endif
+  std::vector<cudaStream_t> streams;
+  for (int t = 0; t < threads; ++t) streams.push_back(fake->create_stream());
+  double total_ns = 0;
+  {
+    streampool::MemoryPool pool(fake, options);
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<double> ns(threads, 0.0);
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        std::uintptr_t sink = 0;
+        for (int i = 0; i < 10000; ++i) {  // warm: the stream's state, the lists, the caches
+          Bytes b = Bytes::alloc_async(pool, settings.size, streams[t]);
+          sink += reinterpret_cast<std::uintptr_t>(b.data());
+        }
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        const auto start = Clock::now();
+        for (std::uint64_t i = 0; i < settings.pairs; ++i) {
+          Bytes b = Bytes::alloc_async(pool, settings.size, streams[t]);
+          sink += reinterpret_cast<std::uintptr_t>(b.data());
+        }
+        const auto stop = Clock::now();
+        ns[t] = std::chrono::duration<double, std::nano>(stop - start).count() /
+                static_cast<double>(settings.pairs);
+        if (sink == 1) std::puts("");  // keeps the loop's work observable
+      });
+    }
+    while (ready.load() != threads) std::this_thread::yield();
+    go.store(true);
+    for (auto& w : workers) w.join();
+    for (double v : ns) total_ns += v;
+#if STREAMPOOL_TRACE_COST_HAVE_RECORDER
+    if (!trace_file.empty()) {
+      const auto status = streampool::trace_status(pool);
+      const std::uint64_t expected = (settings.pairs + 10000) * static_cast<std::uint64_t>(threads);
+      complete = complete && status.allocations == expected && status.frees == expected &&
+                 status.error_message.empty();
+    }
+#endif
+  }
+  return total_ns / threads;
+}
+
+bool parse(Settings& s, const std::string& arg) {
+  const auto eq = arg.find('=');
+  if (eq == std::string::npos) return false;
+  const std::string key = arg.substr(0, eq);
+  const std::string value = arg.substr(eq + 1);
+  if (key == "pairs") s.pairs = std::stoull(value);
+  else if (key == "repeats") s.repeats = std::stoi(value);
+  else if (key == "threads") s.threads = std::stoi(value);
+  else if (key == "size") s.size = std::stoull(value);
+  else if (key == "checks" && value == "none") s.checks = streampool::StreamChecks::none;
+  else if (key == "checks" && value == "full") s.checks = streampool::StreamChecks::full;
+  else if (key == "modes" && value == "off") s.on = false;
+  else if (key == "modes" && value == "both") s.on = true;
+  else return false;
+  return s.pairs > 0 && s.repeats > 0 && s.threads > 0 && s.size > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  for (int i = 1; i < argc; ++i) {
+    if (!parse(settings, argv[i])) {
+      std::fprintf(stderr,
+                   "usage: %s [pairs=N] [repeats=R] [threads=T] [size=BYTES] "
+                   "[checks=none|full] [modes=both|off]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const std::string trace_file =
+      (std::filesystem::temp_directory_path() /
+       ("streampool_trace_cost." + std::to_string(::getpid()) + ".csv"))
+          .string();
+  std::vector<std::string> modes{"off"};
+  if (STREAMPOOL_TRACE_COST_HAVE_RECORDER && settings.on) modes.push_back("on");
+  std::map<std::pair<std::string, int>, std::vector<double>> samples;
+  bool complete = true;
+  for (int r = 0; r < settings.repeats; ++r) {
+    for (int threads = 1; threads <= settings.threads; ++threads) {
+      for (const std::string& mode : modes) {
+        samples[{mode, threads}].push_back(
+            run(settings, threads, mode == "on" ? trace_file : std::string(), complete));
+        std::filesystem::remove(trace_file);
+      }
+    }
+  }
+  std::printf("%s pairs of %zu bytes per thread, %d repeats, stream_checks=%s, fake device\n",
+              std::to_string(settings.pairs).c_str(), settings.size, settings.repeats,
+              settings.checks == streampool::StreamChecks::none ? "none" : "full");
+  std::printf("%-8s %-8s %14s %14s\n", "recorder", "threads", "median ns/pair", "min ns/pair");
+  for (auto& [key, values] : samples) {
+    std::sort(values.begin(), values.end());
+    std::printf("%-8s %-8d %14.1f %14.1f\n", key.first.c_str(), key.second,
+                values[values.size() / 2], values.front());
+  }
+  if (!complete) {
+    std::fprintf(stderr, "a recording missed calls\n");
+    return 1;
+  }
+  return 0;
+}
