@@ -123,6 +123,11 @@ std::vector<std::unique_ptr<Peer>> all_peers() {
   PoolOptions no_shelf;
   no_shelf.large_shelf = 0;
   peers.push_back(make_streampool_peer(no_shelf, "streampool (default, large_shelf=0)"));
+  // Segments from cudaMalloc: the large tier without virtual memory (the fallback).
+  PoolOptions fixed_segments;
+  fixed_segments.expandable_segments = false;
+  peers.push_back(
+      make_streampool_peer(fixed_segments, "streampool (default, expandable_segments=false)"));
   peers.push_back(make_cuda_malloc_peer());
   peers.push_back(make_malloc_async_peer());
   if (auto cub = make_cub_peer()) peers.push_back(std::move(cub));

@@ -596,12 +596,11 @@ struct FakeDevice::State {
 
   bool granular(std::uintptr_t value) const { return value % options.vm_granularity == 0; }
 
-  // A virtual memory call that changes something: counted, failed as told, unsupported without
-  // virtual memory, refused like malloc during a restricting capture.
+  // A virtual memory call: counted, failed as told, unsupported without virtual memory. Unlike
+  // malloc, allowed during every capture, which stays active (seen on the H200).
   cudaError_t enter_vm(Call call) {
     if (cudaError_t e = enter(call); e != cudaSuccess) return e;
-    if (!options.virtual_memory) return cudaErrorNotSupported;
-    return refuse_if_restricted();
+    return options.virtual_memory ? cudaSuccess : cudaErrorNotSupported;
   }
 
   // The mappings that make up [begin, end) exactly, side by side in one reservation: [first,
@@ -990,10 +989,11 @@ cudaError_t FakeDevice::vm_map(void* ptr, std::size_t bytes, VmHandle handle) no
   const std::uintptr_t end = begin + bytes;
   auto memory = s.physical.find(handle);
   Reservation* reservation = s.reservation_of(begin, end);
-  if (memory == s.physical.end() || memory->second.released || memory->second.bytes != bytes ||
-      reservation == nullptr || !s.granular(begin)) {
+  if (memory == s.physical.end() || memory->second.released || reservation == nullptr ||
+      !s.granular(begin)) {
     return cudaErrorInvalidValue;
   }
+  if (memory->second.bytes != bytes) return cudaErrorNotSupported;  // what the H200 says
   auto& mappings = reservation->mappings;
   auto next = mappings.lower_bound(begin);
   if (next != mappings.end() && next->first < end) return cudaErrorInvalidValue;

@@ -202,17 +202,19 @@ TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, rel
     REQUIRE(device.vm_release(two) == cudaSuccess);
   }
   SECTION("what the calls refuse") {
-    REQUIRE(device.vm_map(at + granule / 2, granule, one) != cudaSuccess);  // misaligned
+    REQUIRE(device.vm_map(at + granule / 2, granule, one) == cudaErrorInvalidValue);  // misaligned
+    REQUIRE(device.vm_map(at, 2 * granule, one) == cudaErrorNotSupported);  // not the handle's size
     REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
-    REQUIRE(device.vm_map(at, 2 * granule, two) != cudaSuccess);  // over a mapping
+    REQUIRE(device.vm_map(at, 2 * granule, two) == cudaErrorInvalidValue);  // over a mapping
     REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);
-    REQUIRE(device.vm_unmap(at + granule, granule) != cudaSuccess);  // part of a mapping
-    REQUIRE(device.vm_unreserve(base, 8 * granule) != cudaSuccess);  // mappings in it
+    REQUIRE(device.vm_set_access(at, 3 * granule) == cudaSuccess);  // two mappings at once
+    REQUIRE(device.vm_set_access(at, 4 * granule) == cudaErrorInvalidValue);  // past them
+    REQUIRE(device.vm_unmap(at + granule, granule) == cudaErrorInvalidValue);  // part of one
+    REQUIRE(device.vm_unreserve(base, 8 * granule) == cudaErrorInvalidValue);  // mappings in it
     // Released while mapped: the memory stays until the unmap.
     REQUIRE(device.vm_release(one) == cudaSuccess);
     REQUIRE(device.vm_release(two) == cudaSuccess);
-    REQUIRE(device.vm_unmap(at, granule) == cudaSuccess);
-    REQUIRE(device.vm_unmap(at + granule, 2 * granule) == cudaSuccess);
+    REQUIRE(device.vm_unmap(at, 3 * granule) == cudaSuccess);  // two mappings at once
   }
   REQUIRE(device.vm_unreserve(base, 8 * granule) == cudaSuccess);
 }
@@ -231,7 +233,8 @@ TEMPLATE_TEST_CASE("virtual memory beyond what the device has fails with "
   REQUIRE(device.vm_create(&handle, (total / granule + 1) * granule) == cudaErrorMemoryAllocation);
 }
 
-TEMPLATE_TEST_CASE("a global or thread-local capture refuses the virtual memory calls",
+TEMPLATE_TEST_CASE("the virtual memory calls are allowed during a capture of every mode, which "
+                   "stays active",
                    "[contract][vm][capture]", STREAMPOOL_CONTRACT_HARNESSES) {
   using contract::end_and_discard;
   using contract::status_of;
@@ -240,15 +243,37 @@ TEMPLATE_TEST_CASE("a global or thread-local capture refuses the virtual memory 
   cudaStream_t stream = h.create_stream();
   std::size_t granule = 0;
   REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
-  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
-    DYNAMIC_SECTION("vm_create in " << contract::mode_name(mode) << " mode") {
+  void* base = nullptr;
+  REQUIRE(device.vm_reserve(&base, 4 * granule) == cudaSuccess);
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("in " << contract::mode_name(mode) << " mode") {
       REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
       streampool::VmHandle handle = 0;
-      REQUIRE(device.vm_create(&handle, granule) == cudaErrorStreamCaptureUnsupported);
-      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
-      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      const cudaError_t created = device.vm_create(&handle, granule);
+      const cudaError_t mapped = device.vm_map(base, granule, handle);
+      const cudaError_t accessible = device.vm_set_access(base, granule);
+      const cudaError_t unmapped = device.vm_unmap(base, granule);
+      const cudaError_t released = device.vm_release(handle);
+      cudaError_t other_thread = cudaErrorUnknown;
+      std::thread([&] {
+        streampool::VmHandle mine = 0;
+        other_thread = device.vm_create(&mine, granule);
+        if (other_thread == cudaSuccess) device.vm_release(mine);
+      }).join();
+      const CaptureStatus status = status_of(device, stream);
+      // End the capture before any REQUIRE can fail, so that no capture outlives the test.
+      const cudaError_t ended = end_and_discard(device, stream);
+      CHECK(created == cudaSuccess);
+      CHECK(mapped == cudaSuccess);
+      CHECK(accessible == cudaSuccess);
+      CHECK(unmapped == cudaSuccess);
+      CHECK(released == cudaSuccess);
+      CHECK(other_thread == cudaSuccess);
+      CHECK(status == CaptureStatus::active);
+      CHECK(ended == cudaSuccess);
     }
   }
+  REQUIRE(device.vm_unreserve(base, 4 * granule) == cudaSuccess);
   h.destroy_stream(stream);
 }
 

@@ -56,12 +56,14 @@ TEST_CASE("a segment grows in place: a request maps only what the free range bef
   CHECK(pool->breakdown().segments == 1);
   CHECK(pool->breakdown().segment_bytes == static_cast<std::int64_t>(6 * MiB));
 
-  SECTION("a request larger than segment_bytes is mapped in chunks of at most that") {
+  SECTION("a growth is one mapping, up to 1 GiB") {
     auto big = Bytes::alloc_async(*pool, 50 * MiB, a);
     CHECK(big.data() == second.data() + 3 * MiB);
-    CHECK(fake.calls(Call::vm_create) == 2 + 3);  // 20 + 20 + 10 MiB
-    CHECK(fake.calls(Call::vm_set_access) == 2 + 3);
+    CHECK(fake.calls(Call::vm_create) == 2 + 1);
+    CHECK(fake.calls(Call::vm_set_access) == 2 + 1);
     CHECK(reserved(*pool) == static_cast<std::int64_t>(56 * MiB));
+    auto huge = Bytes::alloc_async(*pool, 2500 * MiB, a);  // 1 GiB + 1 GiB + 452 MiB
+    CHECK(fake.calls(Call::vm_create) == 3 + 3);
   }
   SECTION("trim unmaps everything free and gives the addresses back") {
     first.reset();

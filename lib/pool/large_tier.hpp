@@ -142,6 +142,7 @@ class LargeTier {
     std::size_t bytes = 0;
   };
   bool expandable() noexcept;  // decided at the first growth [growth_mutex_]
+  std::size_t mapping_limit() const noexcept;  // the bytes of one mapping, at most
   Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                      Failure& error) noexcept;  // [growth_mutex_]
   Plan plan_growth(StreamState* s, std::size_t rounded) noexcept;  // [mutex_]
