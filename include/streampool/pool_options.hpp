@@ -77,12 +77,21 @@ struct STREAMPOOL_API PoolOptions {
   // Pool-wide peaks of requested bytes are exact to within 2 x stats_granule per stream (0: exact,
   // at the price of one shared atomic update per allocation and drop; at most 1 TiB).
   std::size_t stats_granule = std::size_t{1} << 20;
+  // Tell compute-sanitizer which parts of the pool's segments are in use (NVTX's memory API: each
+  // segment a sub-allocator heap, each live block a region), so that memcheck reports an access
+  // past a block or after its drop, which it cannot see in a segment that is one valid
+  // cudaMalloc. Off: no layer and no notification, nothing on the fast paths. On: a layer over
+  // the device (lib/device/nvtx_memory.cpp) that takes a mutex per allocation and drop; without
+  // a tool attached each NVTX call is a no-op. Run memcheck with `--nvtx yes` (the default since
+  // CUDA 12.0).
+  bool nvtx_memory = false;
   // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
   // slab, segment, large_rounding, large_shelf, max_reserved, unfenced, unfenced_us, idle_ms,
-  // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule. Sizes
+  // fence_every_free, cross_stream_wait, stream_checks (none|identity|full), stats_granule,
+  // nvtx_memory. Sizes
   // take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
   // ignored; a key given twice takes its later value (each value must be valid).
   // Throws Error(Errc::invalid_value) naming the bad key or value: an unknown or empty key, an

@@ -11,6 +11,7 @@
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 #include <streampool/pooled_buffer.hpp>
+#include <streampool/stream_ops.hpp>
 #include <streampool/version.hpp>
 
 #ifndef __CUDACC__  // fmt 9's headers do not compile under nvcc 13
