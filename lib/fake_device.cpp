@@ -421,11 +421,13 @@ struct FakeDevice::State {
 
   // --- work -------------------------------------------------------------------------------
 
+  // `replay`: a graph's captured work, whose memory the capture layer keeps for the graph.
   std::uint64_t enqueue(Stream& stream, const std::vector<Access>& accesses,
-                        std::function<void()> body, std::uint32_t label = 0) {
+                        std::function<void()> body, std::uint32_t label = 0,
+                        bool replay = false) {
     catch_up(stream);
     const std::uint64_t seq = ++stream.enqueued;
-    for (const Access& access : accesses) check_access(stream, seq, label, access);
+    for (const Access& access : accesses) check_access(stream, seq, label, access, replay);
     forget_done(stream.follows);
     stream.queue.push_back(Work{seq, stream.follows, std::move(body)});
     return seq;
@@ -537,19 +539,21 @@ struct FakeDevice::State {
   // An access by work (stream, seq) races with an earlier one unless the earlier one is on the
   // same stream, complete, or followed through event waits.
   void check_access(Stream& stream, std::uint64_t seq, std::uint32_t label,
-                    const Access& access) {
+                    const Access& access, bool replay) {
     if (access.bytes == 0) return;
     const std::uintptr_t begin = address_of(access.ptr);
     const std::uintptr_t end = begin + access.bytes;
     if (end < begin || !inside_one_allocation(begin, end)) {
       // A pool's memory says more: the block it overran, or that it was dropped.
-      if (end >= begin && check_pool_memory(stream, seq, label, access, begin, end)) return;
+      if (end >= begin && check_pool_memory(stream, seq, label, access, begin, end, replay)) {
+        return;
+      }
       hazards.push_back({Hazard::Kind::out_of_bounds,
                          fmt::format("{} is not inside one live allocation",
                                      describe_access(access, stream.id, label))});
       return;
     }
-    if (check_pool_memory(stream, seq, label, access, begin, end)) return;
+    if (check_pool_memory(stream, seq, label, access, begin, end, replay)) return;
     auto ordered = [&](const AccessLog::Touch& earlier) {
       auto followed = stream.follows.find(earlier.stream);
       return earlier.stream == stream.id || done(earlier.stream, earlier.seq) ||
@@ -579,7 +583,8 @@ struct FakeDevice::State {
   };
   // A block the pool said is live: [base, base + bytes).
   struct PoolBlock {
-    std::size_t bytes = 0;
+    std::size_t bytes = 0;      // the block's size: the bound
+    std::size_t requested = 0;  // what its allocation asked for
     bool held = false;       // by the layer above, for graphs: checked for bounds alone
     StreamId home = 0;
     std::uint64_t since = 0; // home's last work when it became live
@@ -640,8 +645,9 @@ struct FakeDevice::State {
       return fmt::format("memory a CapturePool holds for its graphs, [{:#x}, {:#x})", base,
                          base + block.bytes);
     }
-    return fmt::format("the block of {} bytes at [{:#x}, {:#x}) allocated on {}", block.bytes,
-                       base, base + block.bytes, describe(block.home));
+    return fmt::format("the block of {} bytes ({} asked for) at [{:#x}, {:#x}) allocated on {}",
+                       block.bytes, block.requested, base, base + block.bytes,
+                       describe(block.home));
   }
 
   static void merge(Clock& into, const Clock& from, StreamId skip) {
@@ -731,12 +737,17 @@ struct FakeDevice::State {
     forget_blocks(base, base + bytes);
   }
 
-  void block_live(std::uintptr_t base, std::size_t bytes, cudaStream_t stream) {
+  // The fake's bound is the block the pool handed out (`size`): the pool's own tests touch all of
+  // it; compute-sanitizer (nvtx_memory) is the stricter, at the bytes asked for.
+  void block_live(std::uintptr_t base, std::size_t requested, std::size_t size,
+                  cudaStream_t stream) {
     Stream* home = find_stream(stream);
+    const std::size_t bytes = std::max(requested, size);
     forget_blocks(base, base + bytes);
     note_segment(base);
     PoolBlock block;
     block.bytes = bytes;
+    block.requested = requested;
     if (home != nullptr) {
       block.home = home->id;
       block.since = home->enqueued;
@@ -812,8 +823,11 @@ struct FakeDevice::State {
 
   // The checks of an access to a pool's memory. True when the access is a hazard of its own
   // (out of bounds, after the drop, unordered), so that the race check need not report it again.
+  // A graph's replay is checked for bounds and drops alone: the capture layer keeps what a graph
+  // uses until its launches complete (capture_pool.hpp), whichever stream they run on.
   bool check_pool_memory(Stream& stream, std::uint64_t seq, std::uint32_t label,
-                         const Access& access, std::uintptr_t begin, std::uintptr_t end) {
+                         const Access& access, std::uintptr_t begin, std::uintptr_t end,
+                         bool replay) {
     auto live = containing(live_blocks, begin);
     if (live == live_blocks.end()) {
       auto dropped = containing(dropped_blocks, begin);
@@ -844,7 +858,7 @@ struct FakeDevice::State {
                        describe_block(base, block))});
       return true;
     }
-    if (block.held) return false;
+    if (block.held || replay) return false;
     Use& use = block.uses[stream.id];
     use = {std::max(use.seq, seq), label};
     bool unordered = false;
@@ -1390,7 +1404,7 @@ cudaError_t FakeDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) 
     }
     std::uint64_t seq = 0;
     for (const Item& item : executable.items) {
-      seq = s.enqueue(*target, item.accesses, item.body, item.label);
+      seq = s.enqueue(*target, item.accesses, item.body, item.label, true);
     }
     if (executable.items.empty()) seq = s.enqueue(*target, {}, {});
     ++executable.launches;
@@ -1486,10 +1500,11 @@ cudaError_t FakeDevice::user_object_release(cudaUserObject_t object) noexcept {
 // The pool's word on its blocks (device_calls.def): never counted, never failed. Running out of
 // host memory while noting one only weakens the checks.
 
-void FakeDevice::block_live(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
+void FakeDevice::block_live(const void* ptr, std::size_t bytes, std::size_t size,
+                            cudaStream_t stream) noexcept {
   std::lock_guard lock(state_->mutex);
   try {
-    state_->block_live(address_of(ptr), bytes, stream);
+    state_->block_live(address_of(ptr), bytes, size, stream);
   } catch (const std::bad_alloc&) {
   }
 }

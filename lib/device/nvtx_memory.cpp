@@ -106,12 +106,13 @@ void NvtxMemory::remove_region(const void* ptr) noexcept {
   nvtxMemRegionsUnregister(as_domain(domain_), &batch);
 }
 
-void NvtxMemory::block_live(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept {
+void NvtxMemory::block_live(const void* ptr, std::size_t bytes, std::size_t size,
+                            cudaStream_t stream) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    add_region(ptr, bytes);
+    add_region(ptr, bytes);  // the bytes asked for: memcheck reports a read of the rounding too
   }
-  ForwardingDevice::block_live(ptr, bytes, stream);
+  ForwardingDevice::block_live(ptr, bytes, size, stream);
 }
 
 void NvtxMemory::block_dropped(const void* ptr, cudaStream_t stream) noexcept {

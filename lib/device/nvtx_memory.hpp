@@ -26,7 +26,8 @@ class NvtxMemory final : public ForwardingDevice {
   bool wants_notifications() const noexcept override { return true; }
   cudaError_t malloc(void** ptr, std::size_t bytes) noexcept override;
   cudaError_t free(void* ptr) noexcept override;
-  void block_live(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept override;
+  void block_live(const void* ptr, std::size_t bytes, std::size_t size,
+                  cudaStream_t stream) noexcept override;
   void block_dropped(const void* ptr, cudaStream_t stream) noexcept override;
   void block_held(const void* ptr, std::size_t bytes) noexcept override;
 

@@ -127,7 +127,7 @@ class PoolCore {
   // fast paths a predictable branch and nothing else. Each is made before the block can reach
   // another thread (a drop's, before the block is on any list), with no lock held.
   void announce_live(const Block* b, cudaStream_t stream) noexcept {
-    if (notify_) [[unlikely]] device_->block_live(b->ptr, b->requested, stream);
+    if (notify_) [[unlikely]] device_->block_live(b->ptr, b->requested, b->size, stream);
   }
   void announce_recorded(const Block* b, cudaStream_t stream) noexcept {
     if (notify_) [[unlikely]] device_->block_recorded(b->ptr, stream);
