@@ -382,4 +382,52 @@ cudaError_t CudaDevice::user_object_release(cudaUserObject_t object) noexcept {
   return on_device(ordinal_, [&] { return cudaUserObjectRelease(object, 1); });
 }
 
+// --- CudaStreamOps ------------------------------------------------------------------------------
+
+CudaStreamOps::CudaStreamOps(std::shared_ptr<CudaDevice> device)
+    : StreamOps(device), ordinal_(device->ordinal()) {}
+
+cudaStream_t CudaStreamOps::create_stream(std::string_view) {
+  cudaStream_t stream = nullptr;
+  throw_on_cuda_error(on_device(ordinal_,
+                                [&] {
+                                  return cudaStreamCreateWithFlags(&stream,
+                                                                   cudaStreamNonBlocking);
+                                }),
+                      "cudaStreamCreateWithFlags");
+  return stream;
+}
+
+void CudaStreamOps::destroy_stream(cudaStream_t stream) {
+  throw_on_cuda_error(on_device(ordinal_, [&] { return cudaStreamDestroy(stream); }),
+                      "cudaStreamDestroy");
+}
+
+void CudaStreamOps::copy(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                         cudaStream_t stream, std::string_view) {
+  const cudaMemcpyKind cuda_kind = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                                   : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                                      : cudaMemcpyDeviceToDevice;
+  throw_on_cuda_error(
+      on_device(ordinal_, [&] { return cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream); }),
+      "cudaMemcpyAsync");
+}
+
+void CudaStreamOps::set(void* dst, int value, std::size_t bytes, cudaStream_t stream,
+                        std::string_view) {
+  throw_on_cuda_error(
+      on_device(ordinal_, [&] { return cudaMemsetAsync(dst, value, bytes, stream); }),
+      "cudaMemsetAsync");
+}
+
+void CudaStreamOps::enqueue_work(cudaStream_t stream, std::string_view label,
+                                 std::span<const MemoryAccess>, LaunchRef launch,
+                                 std::function<void()>) {
+  DeviceScope scope(ordinal_);
+  throw_on_cuda_error(scope.status(), "cudaSetDevice");
+  launch(stream);
+  // A launch reports a bad configuration through the last error, which this clears.
+  throw_on_cuda_error(cudaGetLastError(), "launch of " + std::string(label));
+}
+
 }  // namespace streampool

@@ -12,6 +12,11 @@
 //                 the mappings in it; `physical`, handle -> bytes, mappings, released;
 //                 `access_log`, an interval map over addresses, holds per
 //                 byte range the last write and the reads since it, for the race check.
+//   pool blocks   what the pool's notifications said: live blocks, dropped ones, the segments
+//                 they lie in, and `lifetime_log`, the same map over live blocks for the order
+//                 check, whose clocks (Stream::order) count stream order, event waits and host
+//                 synchronization but never completion: the checks of the "user checks" section
+//                 do not depend on what completed, or on whether the pool reuses a block.
 //   graphs, execs captured Items, and the user objects each holds a reference on.
 //
 // Work (s, n) is the n-th unit enqueued on stream s, n counting from 1. It is complete once
@@ -37,6 +42,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -111,6 +117,7 @@ cudaError_t default_error(Call call) {
 struct Item {
   std::vector<Access> accesses;
   std::function<void()> body;
+  std::uint32_t label = 0;
 };
 
 struct Work {
@@ -132,6 +139,10 @@ struct Stream {
   std::uint64_t enqueued = 0;   // seq of the last work enqueued
   std::uint64_t completed = 0;  // seq of the last work completed; work completes in order
   Clock follows;                // what work enqueued from now on follows, on other streams
+  // The same, never forgetting completed work, and with what the host synchronized with
+  // (host_order, merged in at each launch when host_version moved past host_seen).
+  Clock order;
+  std::uint64_t host_seen = 0;
   std::deque<Work> queue;
   std::optional<Capture> capture;
   bool destroyed = false;
@@ -141,6 +152,7 @@ struct Event {
   bool captured = false;
   Clock covers;  // empty when never recorded: such an event is complete
   CaptureId capture = 0;  // the capture it was last recorded in, when `captured`
+  Clock order;  // Stream::order of its stream at the record, that stream's own work included
 };
 
 struct Allocation {
@@ -203,6 +215,7 @@ class AccessLog {
   struct Touch {
     StreamId stream = 0;
     std::uint64_t seq = 0;
+    std::uint32_t label = 0;  // State::labels
   };
   // An earlier access a new one races with, and the bytes they share.
   struct Race {
@@ -443,10 +456,13 @@ struct FakeDevice::State {
 
   // --- work -------------------------------------------------------------------------------
 
+  // `replay`: a graph's captured work, whose memory the capture layer keeps for the graph.
   std::uint64_t enqueue(Stream& stream, const std::vector<Access>& accesses,
-                        std::function<void()> body) {
+                        std::function<void()> body, std::uint32_t label = 0,
+                        bool replay = false) {
+    catch_up(stream);
     const std::uint64_t seq = ++stream.enqueued;
-    for (const Access& access : accesses) check_access(stream, seq, access);
+    for (const Access& access : accesses) check_access(stream, seq, label, access, replay);
     forget_done(stream.follows);
     stream.queue.push_back(Work{seq, stream.follows, std::move(body)});
     return seq;
@@ -622,32 +638,350 @@ struct FakeDevice::State {
 
   // An access by work (stream, seq) races with an earlier one unless the earlier one is on the
   // same stream, complete, or followed through event waits.
-  void check_access(const Stream& stream, std::uint64_t seq, const Access& access) {
+  void check_access(Stream& stream, std::uint64_t seq, std::uint32_t label,
+                    const Access& access, bool replay) {
     if (access.bytes == 0) return;
     const std::uintptr_t begin = address_of(access.ptr);
     const std::uintptr_t end = begin + access.bytes;
-    const char* kind = access.write ? "write" : "read";
     if (end < begin || !inside_one_allocation(begin, end)) {
+      // A pool's memory says more: the block it overran, or that it was dropped.
+      if (end >= begin && check_pool_memory(stream, seq, label, access, begin, end, replay)) {
+        return;
+      }
       hazards.push_back({Hazard::Kind::out_of_bounds,
-                         fmt::format("{} of [{:#x}, {:#x}) on stream {} is not inside one live "
-                                     "allocation",
-                                     kind, begin, end, stream.id)});
+                         fmt::format("{} is not inside one live allocation",
+                                     describe_access(access, stream.id, label))});
       return;
     }
+    if (check_pool_memory(stream, seq, label, access, begin, end, replay)) return;
     auto ordered = [&](const AccessLog::Touch& earlier) {
       auto followed = stream.follows.find(earlier.stream);
       return earlier.stream == stream.id || done(earlier.stream, earlier.seq) ||
              (followed != stream.follows.end() && followed->second >= earlier.seq);
     };
     for (const AccessLog::Race& race :
-         access_log.record({stream.id, seq}, begin, end, access.write, ordered)) {
+         access_log.record({stream.id, seq, label}, begin, end, access.write, ordered)) {
       hazards.push_back(
           {Hazard::Kind::race,
-           fmt::format("{} on stream {} races with a {} on stream {} at [{:#x}, {:#x}): no "
-                       "stream order, event wait or completion orders them",
-                       kind, stream.id, race.earlier_write ? "write" : "read",
-                       race.earlier.stream, race.begin, race.end)});
+           fmt::format("{} races with a {}{} on {} at [{:#x}, {:#x}): no stream order, event "
+                       "wait or completion orders them",
+                       describe_access(access, stream.id, label),
+                       race.earlier_write ? "write" : "read", enqueued_at(race.earlier.label),
+                       describe(race.earlier.stream), race.begin, race.end)});
     }
+  }
+
+  // --- the user checks: names, labels, order, pool blocks (docs/testing-your-code.md) -------
+
+  struct StreamName {
+    cudaStream_t handle = nullptr;
+    std::string name;
+  };
+  struct Use {
+    std::uint64_t seq = 0;
+    std::uint32_t label = 0;
+  };
+  // A block the pool said is live: [base, base + bytes).
+  struct PoolBlock {
+    std::size_t bytes = 0;      // the block's size: the bound
+    std::size_t requested = 0;  // what its allocation asked for
+    bool held = false;       // by the layer above, for graphs: checked for bounds alone
+    StreamId home = 0;
+    std::uint64_t since = 0; // home's last work when it became live
+    std::vector<StreamId> recorded;
+    std::map<StreamId, Use> uses;  // each stream's last work that touched it
+  };
+  struct DroppedBlock {
+    std::size_t bytes = 0;
+    StreamId on = 0;  // the drop's stream; 0 when the layer above held it
+  };
+  // The label of the allocation's own entry in lifetime_log.
+  static constexpr std::uint32_t allocation_label = std::numeric_limits<std::uint32_t>::max();
+
+  std::unordered_map<StreamId, StreamName> names;  // streams create_stream made, for messages
+  std::vector<std::string> labels{std::string()};  // label 0: none
+  std::unordered_map<std::string, std::uint32_t> label_ids;
+  Clock host_order;  // what the host synchronized with (synchronize calls; never completion)
+  std::uint64_t host_version = 0;
+  std::map<std::uintptr_t, PoolBlock> live_blocks;
+  std::map<std::uintptr_t, DroppedBlock> dropped_blocks;
+  std::set<std::uintptr_t> pool_segments;  // bases of allocations holding a pool's blocks
+  AccessLog lifetime_log;
+
+  std::uint32_t label_id(std::string_view label) {
+    if (label.empty()) return 0;
+    const auto [it, added] =
+        label_ids.emplace(std::string(label), static_cast<std::uint32_t>(labels.size()));
+    if (added) labels.emplace_back(label);
+    return it->second;
+  }
+
+  // `stream "consumer" (0x1010, id 4)`: how hazard messages name a stream.
+  std::string describe(StreamId id) const {
+    if (id == legacy) return "the legacy default stream";
+    auto it = names.find(id);
+    if (it == names.end()) return fmt::format("a per-thread default stream (id {})", id);
+    if (it->second.name.empty()) {
+      return fmt::format("stream {} (id {})", fmt::ptr(it->second.handle), id);
+    }
+    return fmt::format("stream \"{}\" ({}, id {})", it->second.name, fmt::ptr(it->second.handle),
+                       id);
+  }
+
+  std::string enqueued_at(std::uint32_t label) const {
+    return label == 0 || label >= labels.size() ? std::string()
+                                                : fmt::format(" by \"{}\"", labels[label]);
+  }
+
+  // "write of [0x.., 0x..) by "fill" on stream "producer" (0x1000, id 2)"
+  std::string describe_access(const Access& access, StreamId stream, std::uint32_t label) const {
+    const std::uintptr_t begin = address_of(access.ptr);
+    return fmt::format("{} of [{:#x}, {:#x}){} on {}", access.write ? "write" : "read", begin,
+                       begin + access.bytes, enqueued_at(label), describe(stream));
+  }
+
+  std::string describe_block(std::uintptr_t base, const PoolBlock& block) const {
+    if (block.held) {
+      return fmt::format("memory a CapturePool holds for its graphs, [{:#x}, {:#x})", base,
+                         base + block.bytes);
+    }
+    return fmt::format("the block of {} bytes ({} asked for) at [{:#x}, {:#x}) allocated on {}",
+                       block.bytes, block.requested, base, base + block.bytes,
+                       describe(block.home));
+  }
+
+  static void merge(Clock& into, const Clock& from, StreamId skip) {
+    for (const auto& [stream, seq] : from) {
+      if (stream == skip) continue;
+      std::uint64_t& known = into[stream];
+      known = std::max(known, seq);
+    }
+  }
+
+  // What the host synchronized with is followed by all work launched after.
+  void catch_up(Stream& stream) {
+    if (stream.host_seen == host_version) return;
+    merge(stream.order, host_order, stream.id);
+    stream.host_seen = host_version;
+  }
+
+  // Stream::order of `stream` with its own work so far: what an event recorded now covers.
+  Clock order_snapshot(Stream& stream) {
+    catch_up(stream);
+    Clock clock = stream.order;
+    clock[stream.id] = stream.enqueued;
+    return clock;
+  }
+
+  void host_learns(const Clock& clock) {
+    merge(host_order, clock, 0);
+    ++host_version;
+  }
+
+  void host_learns_everything() {
+    for (auto& [id, stream] : streams) merge(host_order, {{id, stream.enqueued}}, 0);
+    ++host_version;
+  }
+
+  // Is work of `stream` launched from now on ordered after work (other, seq)? seq 0: nothing.
+  static bool ordered_after(const Stream& stream, StreamId other, std::uint64_t seq) {
+    if (seq == 0 || other == stream.id) return true;
+    auto it = stream.order.find(other);
+    return it != stream.order.end() && it->second >= seq;
+  }
+
+  // The pool block or dropped block holding `at`, if any.
+  template <class Map>
+  static auto containing(Map& map, std::uintptr_t at) {
+    auto it = map.upper_bound(at);
+    if (it == map.begin()) return map.end();
+    --it;
+    return at < it->first + it->second.bytes ? it : map.end();
+  }
+
+  bool in_pool_segment(std::uintptr_t at) const {
+    auto it = pool_segments.upper_bound(at);
+    if (it == pool_segments.begin()) return false;
+    --it;
+    auto allocation = allocations.find(*it);
+    return allocation != allocations.end() && at < *it + allocation->second.bytes;
+  }
+
+  // Forgets the live and dropped blocks overlapping [begin, end).
+  void forget_blocks(std::uintptr_t begin, std::uintptr_t end) {
+    for (auto* map : {&dropped_blocks}) {
+      for (auto it = map->lower_bound(begin); it != map->end() && it->first < end;) {
+        it = map->erase(it);
+      }
+      auto before = containing(*map, begin);
+      if (before != map->end()) map->erase(before);
+    }
+    for (auto it = live_blocks.lower_bound(begin); it != live_blocks.end() && it->first < end;) {
+      it = live_blocks.erase(it);
+    }
+    auto before = containing(live_blocks, begin);
+    if (before != live_blocks.end()) live_blocks.erase(before);
+    lifetime_log.forget(begin, end);
+  }
+
+  void note_segment(std::uintptr_t at) {
+    auto it = allocations.upper_bound(at);
+    if (it == allocations.begin()) return;
+    --it;
+    if (at < it->first + it->second.bytes) pool_segments.insert(it->first);
+  }
+
+  // A device free: nothing of the pool's is left in [base, base + bytes).
+  void forget_pool_memory(std::uintptr_t base, std::size_t bytes) {
+    if (pool_segments.erase(base) == 0) return;
+    forget_blocks(base, base + bytes);
+  }
+
+  // The fake's bound is the block the pool handed out (`size`): the pool's own tests touch all of
+  // it; compute-sanitizer (nvtx_memory) is the stricter, at the bytes asked for.
+  void block_live(std::uintptr_t base, std::size_t requested, std::size_t size,
+                  cudaStream_t stream) {
+    Stream* home = find_stream(stream);
+    const std::size_t bytes = std::max(requested, size);
+    forget_blocks(base, base + bytes);
+    note_segment(base);
+    PoolBlock block;
+    block.bytes = bytes;
+    block.requested = requested;
+    if (home != nullptr) {
+      block.home = home->id;
+      block.since = home->enqueued;
+    }
+    live_blocks.emplace(base, std::move(block));
+    // The allocation is the block's first write: every access of its life is ordered after it.
+    lifetime_log.record({block.home, block.since, allocation_label}, base, base + bytes, true,
+                        [](const AccessLog::Touch&) { return true; });
+  }
+
+  void block_held(std::uintptr_t base, std::size_t bytes) {
+    forget_blocks(base, base + bytes);
+    note_segment(base);
+    PoolBlock block;
+    block.bytes = bytes;
+    block.held = true;
+    live_blocks.emplace(base, std::move(block));
+  }
+
+  void block_recorded(std::uintptr_t base, cudaStream_t stream) {
+    auto it = live_blocks.find(base);
+    Stream* other = find_stream(stream);
+    if (it == live_blocks.end() || other == nullptr) return;
+    std::vector<StreamId>& recorded = it->second.recorded;
+    if (std::find(recorded.begin(), recorded.end(), other->id) == recorded.end()) {
+      recorded.push_back(other->id);
+    }
+  }
+
+  void block_dropped(std::uintptr_t base, cudaStream_t stream) {
+    auto it = live_blocks.find(base);
+    if (it == live_blocks.end()) return;
+    const PoolBlock& block = it->second;
+    Stream* on = block.held ? nullptr : find_stream(stream);
+    if (on != nullptr) catch_up(*on);
+    if (!block.held) {
+      for (const auto& [user, use] : block.uses) {
+        const bool covered = (on != nullptr && ordered_after(*on, user, use.seq)) ||
+                             std::find(block.recorded.begin(), block.recorded.end(), user) !=
+                                 block.recorded.end();
+        if (covered) continue;
+        hazards.push_back(
+            {Hazard::Kind::unrecorded_use,
+             fmt::format("{} was dropped on {} while work{} on {} used it, and no "
+                         "record_stream named that stream, nor did {} wait for that work: the "
+                         "pool may hand the block out again while the work is pending",
+                         describe_block(base, block),
+                         on != nullptr ? describe(on->id) : std::string("a destroyed stream"),
+                         enqueued_at(use.label), describe(user), "the drop's stream")});
+      }
+    }
+    const DroppedBlock dropped{block.bytes, on != nullptr ? on->id : 0};
+    live_blocks.erase(it);
+    lifetime_log.forget(base, base + dropped.bytes);
+    dropped_blocks[base] = dropped;
+  }
+
+  void stream_destroyed(StreamId id) {
+    for (const auto& [base, block] : live_blocks) {
+      if (block.held) continue;
+      const bool recorded =
+          std::find(block.recorded.begin(), block.recorded.end(), id) != block.recorded.end();
+      if (block.home != id && !recorded) continue;
+      hazards.push_back(
+          {Hazard::Kind::destroyed_stream,
+           fmt::format("{} was destroyed while {} is live{}: drop the buffer first (its drop "
+                       "records a fence on each of its streams, and the handle may already name "
+                       "another stream)",
+                       describe(id), describe_block(base, block),
+                       block.home == id ? "" : " and recorded on it")});
+    }
+  }
+
+  // The checks of an access to a pool's memory. True when the access is a hazard of its own
+  // (out of bounds, after the drop, unordered), so that the race check need not report it again.
+  // A graph's replay is checked for bounds and drops alone: the capture layer keeps what a graph
+  // uses until its launches complete (capture_pool.hpp), whichever stream they run on.
+  bool check_pool_memory(Stream& stream, std::uint64_t seq, std::uint32_t label,
+                         const Access& access, std::uintptr_t begin, std::uintptr_t end,
+                         bool replay) {
+    auto live = containing(live_blocks, begin);
+    if (live == live_blocks.end()) {
+      auto dropped = containing(dropped_blocks, begin);
+      if (dropped != dropped_blocks.end()) {
+        const auto& [base, block] = *dropped;
+        hazards.push_back(
+            {Hazard::Kind::use_after_drop,
+             fmt::format("{} touches the block of {} bytes at [{:#x}, {:#x}) after its drop on "
+                         "{}: work launched after a drop must not use the block",
+                         describe_access(access, stream.id, label), block.bytes, base,
+                         base + block.bytes,
+                         block.on != 0 ? describe(block.on) : std::string("its graph's end"))});
+        return true;
+      }
+      if (!in_pool_segment(begin)) return false;
+      hazards.push_back(
+          {Hazard::Kind::out_of_bounds,
+           fmt::format("{} is in a pool's segment but not inside any live block of it",
+                       describe_access(access, stream.id, label))});
+      return true;
+    }
+    auto& [base, block] = *live;
+    if (end > base + block.bytes) {
+      hazards.push_back(
+          {Hazard::Kind::out_of_bounds,
+           fmt::format("{} runs {} bytes past the end of {}",
+                       describe_access(access, stream.id, label), end - (base + block.bytes),
+                       describe_block(base, block))});
+      return true;
+    }
+    if (block.held || replay) return false;
+    Use& use = block.uses[stream.id];
+    use = {std::max(use.seq, seq), label};
+    bool unordered = false;
+    const auto ordered = [&](const AccessLog::Touch& earlier) {
+      return ordered_after(stream, earlier.stream, earlier.seq);
+    };
+    for (const AccessLog::Race& race :
+         lifetime_log.record({stream.id, seq, label}, begin, end, access.write, ordered)) {
+      unordered = true;
+      const std::string earlier =
+          race.earlier.label == allocation_label
+              ? fmt::format("the allocation on {}", describe(race.earlier.stream))
+              : fmt::format("the {}{} on {}", race.earlier_write ? "write" : "read",
+                            enqueued_at(race.earlier.label), describe(race.earlier.stream));
+      hazards.push_back(
+          {Hazard::Kind::unordered_access,
+           fmt::format("{} is not ordered after {} at [{:#x}, {:#x}) of {}: no stream order, "
+                       "event wait or host synchronization orders them (completion does not "
+                       "count)",
+                       describe_access(access, stream.id, label), earlier, race.begin, race.end,
+                       describe_block(base, block))});
+    }
+    return unordered;
   }
 };
 
@@ -674,7 +1008,7 @@ FakeDevice::~FakeDevice() {
 
 // --- controls ---------------------------------------------------------------------------------
 
-cudaStream_t FakeDevice::create_stream() {
+cudaStream_t FakeDevice::create_stream(std::string name) {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   cudaStream_t handle;
@@ -685,7 +1019,9 @@ cudaStream_t FakeDevice::create_stream() {
     handle = reinterpret_cast<cudaStream_t>(s.next_stream_handle);
     s.next_stream_handle += handle_stride;
   }
-  s.handles[handle] = s.new_stream().id;
+  const StreamId id = s.new_stream().id;
+  s.handles[handle] = id;
+  s.names[id] = {handle, std::move(name)};
   return handle;
 }
 
@@ -699,6 +1035,7 @@ void FakeDevice::destroy_stream(cudaStream_t stream) {
         fmt::ptr(stream)));
   }
   Stream& destroyed = s.streams.at(it->second);
+  s.stream_destroyed(destroyed.id);
   destroyed.destroyed = true;
   destroyed.capture.reset();
   if (destroyed.queue.empty()) s.streams.erase(destroyed.id);
@@ -707,25 +1044,26 @@ void FakeDevice::destroy_stream(cudaStream_t stream) {
 }
 
 void FakeDevice::launch(cudaStream_t stream, std::initializer_list<Access> accesses,
-                        std::function<void()> body) {
-  launch(stream, std::vector<Access>(accesses), std::move(body));
+                        std::function<void()> body, std::string_view label) {
+  launch(stream, std::vector<Access>(accesses), std::move(body), label);
 }
 
 void FakeDevice::launch(cudaStream_t stream, const std::vector<Access>& accesses,
-                        std::function<void()> body) {
+                        std::function<void()> body, std::string_view label) {
   State& s = *state_;
   std::pair<StreamId, std::uint64_t> launched;
   {
     std::lock_guard lock(s.mutex);
     Stream& target = s.control_stream(stream, "launch");
+    const std::uint32_t label_id = s.label_id(label);
     if (target.capture) {
       // Work captured after the capture was invalidated is lost, as CUDA loses it.
       if (!target.capture->invalidated) {
-        target.capture->items.push_back({accesses, std::move(body)});
+        target.capture->items.push_back({accesses, std::move(body), label_id});
       }
       return;
     }
-    launched = {target.id, s.enqueue(target, accesses, std::move(body))};
+    launched = {target.id, s.enqueue(target, accesses, std::move(body), label_id)};
     if (!s.auto_complete) return;
   }
   s.complete_through(launched.first, launched.second);
@@ -828,6 +1166,21 @@ void FakeDevice::clear_hazards() {
   state_->hazards.clear();
 }
 
+const FakeDevice::Options& FakeDevice::options() const noexcept { return state_->options; }
+
+const char* FakeDevice::hazard_name(Hazard::Kind kind) noexcept {
+  switch (kind) {
+    case Hazard::Kind::race: return "race";
+    case Hazard::Kind::out_of_bounds: return "out_of_bounds";
+    case Hazard::Kind::call_in_user_object_destructor: return "call_in_user_object_destructor";
+    case Hazard::Kind::use_after_drop: return "use_after_drop";
+    case Hazard::Kind::unordered_access: return "unordered_access";
+    case Hazard::Kind::unrecorded_use: return "unrecorded_use";
+    case Hazard::Kind::destroyed_stream: return "destroyed_stream";
+  }
+  return "unknown";
+}
+
 const char* FakeDevice::call_name(Call call) noexcept {
   switch (call) {
 #define STREAMPOOL_DEVICE_CALL(name, params, args) \
@@ -885,6 +1238,7 @@ cudaError_t FakeDevice::free(void* ptr) noexcept {
   if (it == s.allocations.end()) return cudaErrorInvalidValue;
   const auto [base, allocation] = *it;
   s.access_log.forget(base, base + allocation.bytes);
+  s.forget_pool_memory(base, allocation.bytes);
   if (allocation.mapped > 0) {
     // Replaces the pages with an inaccessible reservation: the memory goes back to the system,
     // the addresses stay taken.
@@ -1074,10 +1428,11 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) {
     if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
-    it->second = Event{true, {}, target->capture->id};
+    it->second = Event{true, {}, target->capture->id, {}};
     return cudaSuccess;
   }
-  it->second = Event{false, s.snapshot(*target)};
+  it->second = Event{false, s.snapshot(*target), 0, {}};
+  it->second.order = s.order_snapshot(*target);
   return cudaSuccess;
 }
 
@@ -1104,6 +1459,7 @@ cudaError_t FakeDevice::event_synchronize(cudaEvent_t event) noexcept {
     if (it->second.captured) return s.refuse_captured_event(it->second);
     if (cudaError_t e = s.refuse_if_restricted(); e != cudaSuccess) return e;
     covers = it->second.covers;
+    s.host_learns(it->second.order);
   }
   s.complete_clock(covers);
   return cudaSuccess;
@@ -1135,6 +1491,7 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
     followed = std::max(followed, seq);
   }
   s.forget_done(target->follows);
+  s.merge(target->order, it->second.order, target->id);
   return cudaSuccess;
 }
 
@@ -1154,6 +1511,7 @@ cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
     // The stream's own work and what it was made to wait for, even with no work after the wait:
     // CUDA enqueues the wait itself.
     covers = s.snapshot(*target);
+    s.host_learns(s.order_snapshot(*target));
   }
   s.complete_clock(covers);
   return cudaSuccess;
@@ -1178,6 +1536,7 @@ cudaError_t FakeDevice::device_synchronize() noexcept {
     for (const auto& [id, stream] : s.streams) {
       if (stream.completed < stream.enqueued) before[id] = stream.enqueued;
     }
+    s.host_learns_everything();
   }
   s.complete_clock(before);
   return cudaSuccess;
@@ -1295,7 +1654,9 @@ cudaError_t FakeDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) 
       return cudaSuccess;
     }
     std::uint64_t seq = 0;
-    for (const Item& item : executable.items) seq = s.enqueue(*target, item.accesses, item.body);
+    for (const Item& item : executable.items) {
+      seq = s.enqueue(*target, item.accesses, item.body, item.label, true);
+    }
     if (executable.items.empty()) seq = s.enqueue(*target, {}, {});
     ++executable.launches;
     std::erase_if(executable.in_flight, [&](const auto& l) { return s.done(l.first, l.second); });
@@ -1384,6 +1745,43 @@ cudaError_t FakeDevice::user_object_release(cudaUserObject_t object) noexcept {
   }
   run_destructors(destructors);
   return cudaSuccess;
+}
+
+// --- the notifications -----------------------------------------------------------------------
+// The pool's word on its blocks (device_calls.def): never counted, never failed. Running out of
+// host memory while noting one only weakens the checks.
+
+void FakeDevice::block_live(const void* ptr, std::size_t bytes, std::size_t size,
+                            cudaStream_t stream) noexcept {
+  std::lock_guard lock(state_->mutex);
+  try {
+    state_->block_live(address_of(ptr), bytes, size, stream);
+  } catch (const std::bad_alloc&) {
+  }
+}
+
+void FakeDevice::block_recorded(const void* ptr, cudaStream_t stream) noexcept {
+  std::lock_guard lock(state_->mutex);
+  try {
+    state_->block_recorded(address_of(ptr), stream);
+  } catch (const std::bad_alloc&) {
+  }
+}
+
+void FakeDevice::block_dropped(const void* ptr, cudaStream_t stream) noexcept {
+  std::lock_guard lock(state_->mutex);
+  try {
+    state_->block_dropped(address_of(ptr), stream);
+  } catch (const std::exception&) {  // bad_alloc, or fmt's format_error
+  }
+}
+
+void FakeDevice::block_held(const void* ptr, std::size_t bytes) noexcept {
+  std::lock_guard lock(state_->mutex);
+  try {
+    state_->block_held(address_of(ptr), bytes);
+  } catch (const std::bad_alloc&) {
+  }
 }
 
 }  // namespace streampool

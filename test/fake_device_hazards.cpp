@@ -56,8 +56,10 @@ TEST_CASE("a race names both streams and the bytes the accesses share", "[fake][
   const auto races = hazards_of(f.device, HazardKind::race);
   REQUIRE(races.size() == 1);
   const std::string& what = races[0].what;
-  REQUIRE_THAT(what, Catch::Contains(fmt::format("stream {}", id_of(f.device, f.a))));
-  REQUIRE_THAT(what, Catch::Contains(fmt::format("stream {}", id_of(f.device, f.b))));
+  REQUIRE_THAT(what, Catch::Contains(fmt::format("stream {} (id {})", fmt::ptr(f.a),
+                                                 id_of(f.device, f.a))));
+  REQUIRE_THAT(what, Catch::Contains(fmt::format("stream {} (id {})", fmt::ptr(f.b),
+                                                 id_of(f.device, f.b))));
   REQUIRE_THAT(what, Catch::Contains(fmt::format("[{}, {})", hex(address(f.buffer) + 256),
                                                  hex(address(f.buffer) + 512))));
 }
@@ -216,7 +218,8 @@ TEST_CASE("an access not inside one live allocation is out of bounds", "[fake][h
   }
   const auto hazards = hazards_of(f.device, HazardKind::out_of_bounds);
   REQUIRE(hazards.size() == 1);
-  REQUIRE_THAT(hazards[0].what, Catch::Contains(fmt::format("stream {}", id_of(f.device, f.a))));
+  REQUIRE_THAT(hazards[0].what, Catch::Contains(fmt::format("stream {} (id {})", fmt::ptr(f.a),
+                                                            id_of(f.device, f.a))));
 }
 
 TEST_CASE("an access spanning two allocations, even adjacent ones, is out of bounds",

@@ -151,7 +151,12 @@ void stress(streampool::PoolOptions options) {
   REQUIRE(shared.live.size() == 0);
 
   fake->complete_all();
-  const auto hazards = fake->hazards();
+  auto hazards = fake->hazards();
+  // Destroying streams with buffers alive is the misuse this test commits on purpose (the pool
+  // must survive it); the fake reports each one, and nothing else may be reported.
+  std::erase_if(hazards, [](const FakeDevice::Hazard& h) {
+    return h.kind == FakeDevice::Hazard::Kind::destroyed_stream;
+  });
   INFO((hazards.empty() ? std::string() : hazards.front().what));
   REQUIRE(hazards.empty());
 

@@ -3,7 +3,7 @@
 # behaviour, the call costs, compute-sanitizer and the benches, and writes what it saw under $OUT
 # (few files: the device tool brings back at most eight).
 #
-#   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize bench (default: all),
+#   tools/gpu-check.sh [stage...]     stages: tests probes costs sanitize nvtx bench (default: all),
 #                                     and, asked for by name: stress stress-ab stress-paced churn
 #                                     stress-sanitize (CHURN_SECONDS: the churn stage's length;
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
@@ -19,7 +19,7 @@ mkdir -p "$out"
 build=$root/build-gpu
 log=$out/gpu-check.log
 stages=("$@")
-((${#stages[@]})) || stages=(tests probes costs sanitize bench)
+((${#stages[@]})) || stages=(tests probes costs sanitize nvtx bench)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 deps=$root/.devdeps/usr
@@ -81,6 +81,36 @@ if want sanitize; then
       --report-api-errors no --error-exitcode 1 "$gpu_tests" "~[blocking]"
   done
 fi
+# compute-sanitizer sees pool blocks (PoolOptions::nvtx_memory): a read past a block and a write
+# after a drop, both inside a segment, are reported with the option on and unseen with it off.
+nvtx_memcheck() {
+  local program=$build/test/gpu/streampool_nvtx_memcheck failed=0 bug access expect rc report
+  for bug in read-past write-after-drop; do
+    access=read
+    [[ $bug == write-after-drop ]] && access=write
+    for mode in on off; do
+      report=$(compute-sanitizer --tool memcheck --nvtx yes --error-exitcode 1 \
+        "$program" "$bug" "$mode" 2>&1)
+      rc=$?
+      echo "$report"
+      expect=1
+      [[ $mode == off ]] && expect=0
+      if [[ $rc != "$expect" ]]; then
+        echo "nvtx: $bug with nvtx_memory $mode: memcheck rc=$rc, expected $expect"
+        failed=1
+      elif [[ $mode == on ]] && ! grep -q "Invalid __global__ $access" <<<"$report"; then
+        echo "nvtx: $bug with nvtx_memory on: no 'Invalid __global__ $access' in the report"
+        failed=1
+      else
+        echo "nvtx: $bug with nvtx_memory $mode: as expected (memcheck rc=$rc)"
+      fi
+    done
+  done
+  return $failed
+}
+if want nvtx; then
+  stage nvtx nvtx_memcheck
+fi
 # The stress workload (streampool-bench stress; docs/bench.md), each policy in the same run.
 stress_bench=$build/bench/streampool-bench
 if want stress; then
@@ -132,4 +162,4 @@ if want bench && [ -x "$build/bench/streampool-bench" ]; then
 fi
 
 printf '%s\n' "${summary[@]}" | tee -a "$log"
-grep -E "^probe:|^[a-zA-Z].* +[0-9]+\.[0-9]$" "$log" | tail -120
+grep -E "^probe:|^nvtx:|^[a-zA-Z].* +[0-9]+\.[0-9]$" "$log" | tail -120

@@ -3,6 +3,10 @@
 
 #include <streampool/device.hpp>
 #include <streampool/export.hpp>
+#include <streampool/stream_ops.hpp>
+
+#include <memory>
+#include <string_view>
 
 namespace streampool {
 
@@ -19,7 +23,12 @@ class STREAMPOOL_API CudaDevice final : public Device {
   static int current();
 
   int ordinal() const noexcept override { return ordinal_; }
+  // No: the notifications are no-ops here, and a pool over a CudaDevice makes none (a pool with
+  // PoolOptions::nvtx_memory puts a layer in between that wants them).
+  bool wants_notifications() const noexcept override { return false; }
 #define STREAMPOOL_DEVICE_CALL(name, params, args) cudaError_t name params noexcept override;
+#define STREAMPOOL_DEVICE_NOTE(name, params, args) \
+  void name params noexcept override { ignore_notification args; }
 #include <streampool/device_calls.def>
 
  private:
@@ -32,6 +41,29 @@ class STREAMPOOL_API CudaDevice final : public Device {
   // The driver offers the cuMem* calls and the device supports them; else each vm_ call says
   // cudaErrorNotSupported without a device call.
   bool vm_supported_ = false;
+};
+
+// StreamOps (stream_ops.hpp) on the CUDA runtime: streams are non-blocking, the launch is called
+// with this device current and its error checked (cudaGetLastError), the accesses and the host
+// body are not looked at, and names and labels are dropped.
+class STREAMPOOL_API CudaStreamOps final : public StreamOps {
+ public:
+  // Requires a non-null device.
+  explicit CudaStreamOps(std::shared_ptr<CudaDevice> device);
+
+  cudaStream_t create_stream(std::string_view name = {}) override;
+  void destroy_stream(cudaStream_t stream) override;
+  void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, cudaStream_t stream,
+            std::string_view label = {}) override;
+  void set(void* dst, int value, std::size_t bytes, cudaStream_t stream,
+           std::string_view label = {}) override;
+
+ private:
+  void enqueue_work(cudaStream_t stream, std::string_view label,
+                    std::span<const MemoryAccess> accesses, LaunchRef launch,
+                    std::function<void()> host_body) override;
+
+  int ordinal_;
 };
 
 }  // namespace streampool

@@ -43,6 +43,10 @@ enum class CaptureMode { global, thread_local_, relaxed };
 
 enum class CaptureStatus { none, active, invalidated };
 
+// For a device that ignores the notifications: names their arguments once.
+template <class... Args>
+constexpr void ignore_notification(const Args&...) noexcept {}
+
 class STREAMPOOL_API Device {
  public:
   virtual ~Device() = default;
@@ -50,8 +54,14 @@ class STREAMPOOL_API Device {
   // This device's ordinal (cudaGetDevice numbering).
   virtual int ordinal() const noexcept = 0;
 
-  // The calls, each with what the caller must ensure: device_calls.def.
+  // Whether the device wants the pool's notifications (device_calls.def, the last section). A
+  // pool asks once, when it is constructed, and makes none when the answer is no, so that a
+  // device which ignores them costs the pool's fast paths nothing.
+  virtual bool wants_notifications() const noexcept = 0;
+
+  // The calls, each with what the caller must ensure, and the notifications: device_calls.def.
 #define STREAMPOOL_DEVICE_CALL(name, params, args) virtual cudaError_t name params noexcept = 0;
+#define STREAMPOOL_DEVICE_NOTE(name, params, args) virtual void name params noexcept = 0;
 #include <streampool/device_calls.def>
 };
 
@@ -66,8 +76,11 @@ class STREAMPOOL_API ForwardingDevice : public Device {
   Device& inner() const noexcept { return *inner_; }
 
   int ordinal() const noexcept override { return inner_->ordinal(); }
+  bool wants_notifications() const noexcept override { return inner_->wants_notifications(); }
 #define STREAMPOOL_DEVICE_CALL(name, params, args) \
   cudaError_t name params noexcept override { return inner_->name args; }
+#define STREAMPOOL_DEVICE_NOTE(name, params, args) \
+  void name params noexcept override { inner_->name args; }
 #include <streampool/device_calls.def>
 
  private:

@@ -33,6 +33,15 @@
 //            earlier one still pending when the later is launched), are a race, recorded in
 //            hazards(). So is an access outside any live allocation, and a CUDA call from inside
 //            a user object's destructor.
+//   blocks   a pool over the fake tells it which of its blocks are live (the notifications of
+//            device_calls.def), so that every access to pool memory is checked against them,
+//            whatever completed and whether or not the pool reuses anything: out of bounds of
+//            the block, use after its drop, an access on another stream that neither stream
+//            order, event waits nor host synchronization orders after the allocation and the
+//            block's earlier conflicting accesses, a use on a stream the drop does not cover
+//            (neither the drop's stream, nor named by record_stream, nor waited for by the drop's
+//            stream), and a stream destroyed while a block allocated or recorded on it is live.
+//            Hazard::Kind lists them; docs/testing-your-code.md says what each means.
 //
 // Streams are identified as in CUDA: handles of destroyed streams are reused at once by the next
 // create_stream(); stream ids never are. cudaStreamPerThread names a different stream in each
@@ -47,6 +56,7 @@
 
 #include <streampool/device.hpp>
 #include <streampool/export.hpp>
+#include <streampool/stream_ops.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +64,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace streampool {
@@ -84,19 +95,38 @@ class STREAMPOOL_API FakeDevice final : public Device {
 #include <streampool/device_calls.def>
       ;
 
-  // A range of device memory that a unit of work reads or writes.
-  struct Access {
-    const void* ptr = nullptr;
-    std::size_t bytes = 0;
-    bool write = true;
-  };
+  // A range of device memory that a unit of work reads or writes (stream_ops.hpp).
+  using Access = MemoryAccess;
 
-  // A race or misuse the simulation saw. `what` says which accesses conflicted, on which streams.
+  // A race or misuse the simulation saw. `what` says which accesses conflicted: the streams (by
+  // handle, and the name given at creation), the bytes, the block and its size where the memory
+  // is a pool's, and the label each access's work was launched with.
   struct Hazard {
-    enum class Kind { race, out_of_bounds, call_in_user_object_destructor };
+    enum class Kind {
+      // Two accesses to the same bytes, one a write, the earlier still pending when the later
+      // was launched, that no stream order or event wait orders.
+      race,
+      // Not inside one live allocation; for a pool's memory, not inside one live block.
+      out_of_bounds,
+      // A CUDA call from a user object's destructor, where CUDA forbids them.
+      call_in_user_object_destructor,
+      // Pool memory touched by work launched after the block's drop.
+      use_after_drop,
+      // An access to a live pool block that is not ordered after the allocation, or after an
+      // earlier access to the same bytes in the block's life, one of the two a write: stream
+      // order, event waits and host synchronization count, completion does not.
+      unordered_access,
+      // A block dropped while work on a stream other than the drop's used it, and neither
+      // record_stream named that stream nor did the drop's stream wait for that work.
+      unrecorded_use,
+      // A stream destroyed while a live block was allocated on it or recorded on it.
+      destroyed_stream,
+    };
     Kind kind;
     std::string what;
   };
+  // "race", "out_of_bounds", ...: the enumerator's name.
+  static const char* hazard_name(Hazard::Kind kind) noexcept;
 
   FakeDevice();
   explicit FakeDevice(Options options);
@@ -110,7 +140,8 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // Naming an unknown or destroyed stream in a control is a bug in the test: it throws
   // std::invalid_argument.
 
-  cudaStream_t create_stream();
+  // `name`, if given, is how hazard messages call the stream, beside its handle.
+  cudaStream_t create_stream(std::string name = {});
   // Destroys a stream: its pending work stays pending (and completes when completed), and its
   // handle goes to the next create_stream(), as CUDA does.
   void destroy_stream(cudaStream_t stream);
@@ -120,10 +151,11 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // kernel would. On a capturing stream the work is captured instead and runs on each launch of
   // the graph. Bodies run in stream order with no lock of the fake held, so they may call it;
   // completions are serialized, so a body must not wait for another thread that completes work.
+  // `label` says in hazard messages where the work was enqueued (a kernel's name, say).
   void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
-              std::function<void()> body = {});
+              std::function<void()> body = {}, std::string_view label = {});
   void launch(cudaStream_t stream, const std::vector<Access>& accesses,
-              std::function<void()> body = {});
+              std::function<void()> body = {}, std::string_view label = {});
   // Completes the work enqueued on `stream` so far (and, first, whatever it waits on).
   void complete(cudaStream_t stream);
   // Completes all pending work.
@@ -156,18 +188,48 @@ class STREAMPOOL_API FakeDevice final : public Device {
 
   std::vector<Hazard> hazards() const;
   void clear_hazards();
+  const Options& options() const noexcept;
 
   static const char* call_name(Call call) noexcept;
 
   // --- the seam ---------------------------------------------------------------------------
 
   int ordinal() const noexcept override;
+  // Yes: the fake checks accesses against the pool's live blocks.
+  bool wants_notifications() const noexcept override { return true; }
 #define STREAMPOOL_DEVICE_CALL(name, params, args) cudaError_t name params noexcept override;
+#define STREAMPOOL_DEVICE_NOTE(name, params, args) void name params noexcept override;
 #include <streampool/device_calls.def>
 
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// StreamOps (stream_ops.hpp) on a FakeDevice: streams are the fake's, with their names; work is a
+// launch of the fake with the accesses, the label and the host body (the launch itself is never
+// called); a copy or set checks its device side and, on a host-backed fake, moves the bytes when
+// it completes.
+class STREAMPOOL_API FakeStreamOps final : public StreamOps {
+ public:
+  // Requires a non-null device.
+  explicit FakeStreamOps(std::shared_ptr<FakeDevice> device);
+
+  FakeDevice& fake() const noexcept { return *fake_; }
+
+  cudaStream_t create_stream(std::string_view name = {}) override;
+  void destroy_stream(cudaStream_t stream) override;
+  void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind, cudaStream_t stream,
+            std::string_view label = {}) override;
+  void set(void* dst, int value, std::size_t bytes, cudaStream_t stream,
+           std::string_view label = {}) override;
+
+ private:
+  void enqueue_work(cudaStream_t stream, std::string_view label,
+                    std::span<const MemoryAccess> accesses, LaunchRef launch,
+                    std::function<void()> host_body) override;
+
+  std::shared_ptr<FakeDevice> fake_;
 };
 
 }  // namespace streampool

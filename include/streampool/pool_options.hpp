@@ -90,14 +90,22 @@ struct STREAMPOOL_API PoolOptions {
   // (<streampool/trace_recorder.hpp> says what it writes, and how to start and stop it in code).
   // Through STREAMPOOL_CONF the path cannot contain a comma (the items' separator).
   std::string trace_file;
+  // Tell compute-sanitizer which parts of the pool's segments are in use (NVTX's memory API: each
+  // segment a sub-allocator heap, each live block a region), so that memcheck reports an access
+  // past a block or after its drop, which it cannot see in a segment that is one valid
+  // cudaMalloc. Off: no layer and no notification, nothing on the fast paths. On: a layer over
+  // the device (lib/device/nvtx_memory.cpp) that takes a mutex per allocation and drop; without
+  // a tool attached each NVTX call is a no-op. Run memcheck with `--nvtx yes` (the default since
+  // CUDA 12.0).
+  bool nvtx_memory = false;
   // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
   // slab, segment, large_rounding, large_shelf, expandable_segments, max_reserved, unfenced,
   // unfenced_us, idle_ms, fence_every_free, cross_stream_wait, stream_checks
-  // (none|identity|full), stats_granule, trace_file (a path, taken as written). Sizes take a K, M
-  // or G suffix (binary). Spaces around items, keys and values and empty items are
+  // (none|identity|full), stats_granule, nvtx_memory, trace_file (a path, taken as written).
+  // Sizes take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
   // ignored; a key given twice takes its later value (each value must be valid).
   // Throws Error(Errc::invalid_value) naming the bad key or value: an unknown or empty key, an
   // item without '=', a value that is empty, negative, not a number, too large for its field,

@@ -14,6 +14,7 @@
 #include <streampool/pool_stats.hpp>
 #include <streampool/pooled_buffer.hpp>
 #include <streampool/trace_recorder.hpp>
+#include <streampool/stream_ops.hpp>
 #include <streampool/version.hpp>
 
 #ifndef __CUDACC__  // fmt 9's headers do not compile under nvcc 13

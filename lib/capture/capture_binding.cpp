@@ -16,6 +16,7 @@ CaptureBinding::~CaptureBinding() {
   // Nothing can use the memory any more but the work that used it last: every graph made with it
   // is gone and its launches complete (CUDA releases a graph's user objects after them).
   for (auto& [block, needs] : adopted_) {
+    core_.announce_dropped(block, nullptr);
     core_.count_drop(block);
     core_.settle(block, needs);
   }

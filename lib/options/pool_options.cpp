@@ -108,6 +108,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     else if (key == "expandable_segments") o.expandable_segments = parse_bool(key, value);
     else if (key == "fence_every_free") o.fence_every_free = parse_bool(key, value);
     else if (key == "cross_stream_wait") o.cross_stream_wait = parse_bool(key, value);
+    else if (key == "nvtx_memory") o.nvtx_memory = parse_bool(key, value);
     else if (key == "stats_granule") o.stats_granule = parse_size(key, value);
     else if (key == "trace_file") {
       // A path, taken as written: only an empty one is refused here (one that cannot be opened
@@ -127,7 +128,8 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
                                                    "expandable_segments, max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
-                                                   "stream_checks, stats_granule, trace_file)",
+                                                   "stream_checks, stats_granule, nvtx_memory, "
+                                                   "trace_file)",
                                                    key));
     }
   }
@@ -148,13 +150,13 @@ std::string PoolOptions::to_conf() const {
       "large_rounding={},large_shelf={},expandable_segments={},max_reserved={},unfenced={},"
       "unfenced_us={},idle_ms={},"
       "fence_every_free={},cross_stream_wait={},"
-      "stream_checks={},stats_granule={}",
+      "stream_checks={},stats_granule={},nvtx_memory={}",
       size_text(size_classes.smallest), size_classes.per_doubling, size_text(size_classes.largest),
       size_text(size_classes.alignment), size_text(slab_bytes), size_text(segment_bytes),
       size_text(large_rounding), large_shelf, expandable_segments, size_text(max_reserved_bytes),
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
-      cross_stream_wait, checks_text(stream_checks), size_text(stats_granule));
+      cross_stream_wait, checks_text(stream_checks), size_text(stats_granule), nvtx_memory);
   if (!trace_file.empty()) conf += ",trace_file=" + trace_file;
   return conf;
 }

@@ -41,6 +41,7 @@ Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, Failure& error
         ++s.counters.hits;
         count_allocation(s, b, bytes);
         s.lock.unlock();
+        announce_live(b, stream);
         return b;
       }
     }
@@ -116,6 +117,7 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
   --s.pins;
   if (b != nullptr) count_allocation(s, b, bytes);
   s.lock.unlock();
+  if (b != nullptr) announce_live(b, stream);
   return b;
 }
 

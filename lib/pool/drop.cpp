@@ -16,6 +16,9 @@
 namespace streampool::detail {
 
 void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
+  // Before the block is on any list, where another thread may take it and announce it live. A
+  // capture's piece was never announced (the layer above announced its range as held).
+  if (b->keeper == nullptr) announce_dropped(b, stream);
   StreamState& s = *b->home;
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();
@@ -59,9 +62,11 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
 
 void PoolCore::drop_slow(Block* b, cudaStream_t stream,
                          UseSpan uses) noexcept {
+  const bool piece = b->keeper != nullptr;
   if (Gate* gate = gate_.load(std::memory_order_acquire);
-      gate != nullptr && (b->keeper != nullptr || gate_engaged()) &&
-      gate->take_drop(b, stream, uses)) {
+      gate != nullptr && (piece || gate_engaged()) && gate->take_drop(b, stream, uses)) {
+    // Not a piece: a block the capture adopted, which its graph's replays may use.
+    if (!piece) announce_held(b);
     return;
   }
   StreamState& s = *b->home;
@@ -250,6 +255,7 @@ void PoolCore::record_stream(Block* b, cudaStream_t stream) {
     }
     found.generation = found.state->generation.load(std::memory_order_acquire);
   }
+  announce_recorded(b, stream);
   StreamState& other = *found.state;
   const auto note_use = [&](int named) {
     other.lock.lock();

@@ -5,6 +5,7 @@
 // recording starts or stops, and a branch not taken. The core's fast paths are not touched.
 #include "pool_core.hpp"
 
+#include "../device/nvtx_memory.hpp"
 #include "../device/reserved_limit.hpp"
 
 #include <streampool/error.hpp>
@@ -68,6 +69,8 @@ MemoryPool::MemoryPool(std::shared_ptr<Device> device, PoolOptions options) {
   if (options.max_reserved_bytes != 0) {
     device = std::make_shared<detail::ReservedLimit>(std::move(device), options.max_reserved_bytes);
   }
+  // So is compute-sanitizer's view of the blocks: outermost, so that it sees every segment.
+  if (options.nvtx_memory) device = std::make_shared<detail::NvtxMemory>(std::move(device));
   core_ = new detail::PoolCore(std::move(device), options);
   // The trace recorder is a layer over the pool too: it watches the entry points below.
   if (!options.trace_file.empty()) {

@@ -133,6 +133,24 @@ class PoolCore {
   void keep() noexcept;
   void let_go() noexcept;
 
+  // --- notifications to the device (device_calls.def, the last section) ---------------------
+  // One test of a flag read at construction: a device that wants none (CudaDevice) costs the
+  // fast paths a predictable branch and nothing else. Each is made before the block can reach
+  // another thread (a drop's, before the block is on any list), with no lock held.
+  void announce_live(const Block* b, cudaStream_t stream) noexcept {
+    if (notify_) [[unlikely]] device_->block_live(b->ptr, b->requested, b->size, stream);
+  }
+  void announce_recorded(const Block* b, cudaStream_t stream) noexcept {
+    if (notify_) [[unlikely]] device_->block_recorded(b->ptr, stream);
+  }
+  // `stream`: the drop's; null for memory the layer above held (announce_held).
+  void announce_dropped(const Block* b, cudaStream_t stream) noexcept {
+    if (notify_) [[unlikely]] device_->block_dropped(b->ptr, stream);
+  }
+  void announce_held(const Block* b) noexcept {
+    if (notify_) [[unlikely]] device_->block_held(b->ptr, b->size);
+  }
+
   // --- for the parts of the pool --------------------------------------------------------------
   // fences.cpp, all [s.lock]
   // Records a fence on `s` covering every block dropped on it so far: its index is the
@@ -299,6 +317,8 @@ class PoolCore {
   // Read by every public call, written only when recording starts or stops: kept beside the
   // constants, away from the lines the fast paths write.
   std::atomic<Observer*> observer_{nullptr};
+  std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit, nvtx)
+  const bool notify_;               // device_->wants_notifications(), asked once
   const PoolOptions options_;
   const SizeClasses classes_;
   const FencePolicy policy_;

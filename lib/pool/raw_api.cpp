@@ -67,6 +67,7 @@ void PoolCore::deallocate_raw(void* ptr, [[maybe_unused]] std::size_t bytes,
   // Freed on another stream than it was allocated on (as cudaFreeAsync allows): its last use is
   // ordered before the work enqueued on `stream` so far.
   forget_recorded(b);
+  if (b->keeper == nullptr) announce_dropped(b, stream);
   const Uses uses(RecordedStream{on.state, on.generation});
   drop_slow(b, stream, uses.view());
 }

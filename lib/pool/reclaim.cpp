@@ -289,11 +289,15 @@ Block* PoolCore::take_range(std::size_t bytes, Failure& error) noexcept {
     return large_.grow(nullptr, rounded, nullptr, nullptr, error);
   };
   Block* range = with_reclaim(attempt, error);
-  if (range != nullptr) count_range(*range, true);
+  if (range != nullptr) {
+    count_range(*range, true);
+    announce_held(range);
+  }
   return range;
 }
 
 void PoolCore::return_range(Block* range, std::vector<Need> needs) noexcept {
+  announce_dropped(range, nullptr);
   count_range(*range, false);
   settle(range, needs);
 }

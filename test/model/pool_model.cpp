@@ -1766,6 +1766,12 @@ void Model::check_hazards() {
     case FakeDevice::Hazard::Kind::call_in_user_object_destructor:
       kind = "CUDA call in a user object's destructor";
       break;
+    case FakeDevice::Hazard::Kind::use_after_drop:
+    case FakeDevice::Hazard::Kind::unordered_access:
+    case FakeDevice::Hazard::Kind::unrecorded_use:
+    case FakeDevice::Hazard::Kind::destroyed_stream:
+      kind = FakeDevice::hazard_name(hazards.front().kind);
+      break;
   }
   fail(kind, hazards.size() == 1
                  ? hazards.front().what
