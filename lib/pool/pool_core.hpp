@@ -313,12 +313,11 @@ class PoolCore {
   // not again, the rest is tried again at the next call. [no other thread]
   bool release_device_memory() noexcept;
 
-  std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit)
+  std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit, nvtx)
+  const bool notify_;               // device_->wants_notifications(), asked once
   // Read by every public call, written only when recording starts or stops: kept beside the
   // constants, away from the lines the fast paths write.
   std::atomic<Observer*> observer_{nullptr};
-  std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit, nvtx)
-  const bool notify_;               // device_->wants_notifications(), asked once
   const PoolOptions options_;
   const SizeClasses classes_;
   const FencePolicy policy_;

@@ -14,6 +14,10 @@ TEST_CASE("record_stream keeps memory from reuse until the other stream's work c
   void* p = streampool_torch_alloc(4096, 0, copy);
   REQUIRE(p != nullptr);
   fake.launch(copy, {{p, 4096, true}});
+  cudaEvent_t filled = nullptr;  // the compute stream is ordered after the copy, as a loader does
+  REQUIRE(fake.event_create(&filled) == cudaSuccess);
+  REQUIRE(fake.event_record(filled, copy) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(compute, filled) == cudaSuccess);
   fake.complete(copy);
   fake.launch(compute, {{p, 4096, false}});  // pending
 
@@ -41,6 +45,7 @@ TEST_CASE("record_stream keeps memory from reuse until the other stream's work c
     streampool_torch_free(q, 4096, 0, copy);
   }
   fake.complete_all();
+  REQUIRE(fake.event_destroy(filled) == cudaSuccess);
   REQUIRE(torch.stats(0).live_allocations_current == 0);
 }
 
