@@ -5,7 +5,9 @@
 
 #include <streampool/error.hpp>
 
+#include <atomic>
 #include <random>
+#include <thread>
 #include <vector>
 
 using streampool::Errc;
@@ -278,4 +280,43 @@ TEST_CASE("random sizes on several streams, with trims: no overlap, no race, not
   CHECK(reserved(*pool) == 0);
   CHECK(fake.live_bytes() == 0);
   CHECK(fake.live_vm_handles() == 0);
+}
+
+TEST_CASE("threads growing at once each get the memory their growth mapped: no out-of-memory "
+          "retry on a device with room") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  fake.set_auto_complete(true);
+  constexpr int threads = 8;
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < threads; ++i) streams.push_back(fake.create_stream());
+  std::vector<std::thread> workers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 random(static_cast<std::uint64_t>(t) + 1);
+      std::vector<Bytes> live;
+      for (int i = 0; i < 400; ++i) {
+        std::error_code error;
+        Bytes b = Bytes::try_alloc_async(*pool, 1 * MiB + random() % (24 * MiB), streams[t], error);
+        if (b.is_empty()) failures.fetch_add(1);
+        live.push_back(std::move(b));
+        if (live.size() > 3) live.erase(live.begin());
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  CHECK(failures.load() == 0);
+  CHECK(pool->stats().oom_retries == 0);
+}
+
+TEST_CASE("nvtx_memory keeps cudaMalloc's segments: its layer registers those with "
+          "compute-sanitizer") {
+  auto options = vm_options();
+  options.nvtx_memory = true;
+  PoolOnFake pool(options);
+  cudaStream_t a = pool.fake().create_stream();
+  auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+  CHECK(pool.fake().calls(Call::malloc) == 1);
+  CHECK(pool.fake().calls(Call::vm_reserve) == 0);
 }

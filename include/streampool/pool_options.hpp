@@ -54,7 +54,8 @@ struct STREAMPOOL_API PoolOptions {
   // The large tier's segments are reservations of addresses that grow in place, physical memory
   // mapped into them as needed and unmapped by trim and the out-of-memory ladder (the driver's
   // virtual memory management). Where the device lacks it, or with false, segments are
-  // cudaMalloc allocations of segment_bytes or more. Each growth maps what it lacks as one
+  // cudaMalloc allocations of segment_bytes or more (so too with nvtx_memory, whose layer knows
+  // cudaMalloc's segments only). Each growth maps what it lacks as one
   // physical allocation of up to 1 GiB (or segment_bytes, if larger); trim unmaps whole ones.
   bool expandable_segments = true;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then

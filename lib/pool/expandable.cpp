@@ -11,7 +11,7 @@
 // vm_set_access each. Holes change only under growth_mutex_ (growth, and release_free_segments,
 // which takes it too), so a plan made under the arena mutex stays valid while the device calls
 // run outside it; the free range before the hole may be taken meanwhile, in which case the
-// request looks again and, if it must, grows once more.
+// request (which looks again under the lock that fills the hole) grows once more.
 #include "large_tier.hpp"
 
 #include "pool_core.hpp"
@@ -45,7 +45,9 @@ std::size_t LargeTier::mapping_limit() const noexcept {
 bool LargeTier::expandable() noexcept {
   if (vm_ == Vm::unknown) {
     std::size_t granule = 0;
-    const bool on = options_.expandable_segments &&
+    // nvtx_memory registers the pool's cudaMalloc segments with compute-sanitizer, and knows
+    // nothing of mappings: it keeps fixed segments.
+    const bool on = options_.expandable_segments && !options_.nvtx_memory &&
                     pool_.device().vm_granularity(&granule) == cudaSuccess && granule > 0 &&
                     (granule & (granule - 1)) == 0 && granule <= (std::size_t{1} << 30);
     granule_ = on ? granule : 0;
@@ -246,14 +248,19 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
       return nullptr;
     }
     const bool mapped = map(plan, mappings, error);
+    Block* range = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (mappings.empty()) delete_block(rest);
       else fill(plan.hole, mappings, rest);  // what was mapped stays, also after a failure
+      // Under the same lock: no other thread's request can take what this growth mapped (under
+      // churn on the H200, threads that looked again after unlocking lost it to each other and
+      // retried through the out-of-memory ladder).
+      if (mapped) range = find_locked(s, rounded, had);
     }
     if (!mappings.empty() && grew != nullptr) *grew = true;
     if (!mapped) return nullptr;
-    if (Block* range = find(s, rounded, had)) return range;
+    if (range != nullptr) return range;
   }
   error = Errc::out_of_memory;
   return nullptr;

@@ -160,6 +160,10 @@ Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexc
 
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  return find_locked(s, rounded, had);
+}
+
+Block* LargeTier::find_locked(StreamState* s, std::size_t rounded, Need* had) noexcept {
   Block* range = best_fit(s, rounded);
   if (range == nullptr && s != nullptr) {
     if (Block* extended = extend_own(*s, rounded, had)) return extended;

@@ -121,6 +121,7 @@ class LargeTier {
     }
   };
   // All [mutex_].
+  Block* find_locked(StreamState* s, std::size_t rounded, Need* had) noexcept;
   Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
   Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
