@@ -36,6 +36,15 @@ constexpr int growth_attempts = 4;
 // the traces on the H200 2.1-2.4x slower per event than cudaMalloc's segments.
 constexpr std::size_t max_mapping = std::size_t{1} << 30;
 
+// A handle the device refused to release, kept to be tried again at the pool's destruction (lost,
+// with its memory the device's, only when even the list cannot grow).
+void keep_unreleased(std::vector<VmHandle>& unreleased, VmHandle handle) noexcept {
+  try {
+    unreleased.push_back(handle);
+  } catch (const std::bad_alloc&) {
+  }
+}
+
 }  // namespace
 
 std::size_t LargeTier::mapping_limit() const noexcept {
@@ -218,15 +227,16 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
   for (int attempt = 0; attempt < growth_attempts; ++attempt) {
     Plan plan;
     Block* rest = nullptr;
+    std::size_t chunks = 0;  // the mappings this growth makes, at most
     {
       std::lock_guard<std::mutex> lock(mutex_);
       plan = plan_growth(s, rounded);
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
-          const std::size_t chunk = mapping_limit();
+          chunks = (plan.bytes + mapping_limit() - 1) / mapping_limit();
           Segment& segment = *plan.hole->segment;
-          segment.mappings.reserve(segment.mappings.size() + (plan.bytes + chunk - 1) / chunk);
+          segment.mappings.reserve(segment.mappings.size() + chunks);
           rest = new_block();
         } catch (const std::bad_alloc&) {
           error = Errc::out_of_memory;
@@ -240,7 +250,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     }
     std::vector<Mapping> mappings;
     try {
-      mappings.reserve(plan.bytes / granule_ + 1);
+      mappings.reserve(chunks);
     } catch (const std::bad_alloc&) {
       std::lock_guard<std::mutex> lock(mutex_);
       delete_block(rest);
@@ -297,10 +307,7 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep) n
     // Unmapped: the handle goes too (its memory returns now that nothing maps it); a release the
     // device refuses leaves the memory with the device until the pool is destroyed.
     if (device.vm_release(m.handle) != cudaSuccess && device.vm_release(m.handle) != cudaSuccess) {
-      try {
-        unreleased_.push_back(m.handle);
-      } catch (const std::bad_alloc&) {
-      }
+      keep_unreleased(unreleased_, m.handle);
     }
     // r becomes [r->ptr, begin) clean + the hole [begin, end) + [end, ...) clean.
     unindex(r);
@@ -354,12 +361,7 @@ bool LargeTier::return_segment(Segment& segment) noexcept {
   std::erase_if(segment.mappings, [&](const Mapping& m) {
     std::byte* const at = segment.base + m.offset;
     if (!twice([&] { return device.vm_unmap(at, m.size); })) return false;
-    if (!twice([&] { return device.vm_release(m.handle); })) {
-      try {
-        unreleased_.push_back(m.handle);
-      } catch (const std::bad_alloc&) {
-      }
-    }
+    if (!twice([&] { return device.vm_release(m.handle); })) keep_unreleased(unreleased_, m.handle);
     segment.mapped -= m.size;
     pool_.count_device_free(m.size);
     return true;
