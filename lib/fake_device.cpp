@@ -91,6 +91,7 @@ thread_local std::unordered_map<std::uint64_t, StreamId> per_thread_streams;
 thread_local int in_user_object_destructor = 0;
 
 std::uintptr_t address_of(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
+const void* as_pointer(std::uintptr_t address) { return reinterpret_cast<const void*>(address); }
 
 std::size_t round_up(std::size_t bytes, std::size_t unit) {
   return (bytes + unit - 1) / unit * unit;
@@ -896,7 +897,8 @@ struct FakeDevice::State {
                          "pool may hand the block out again while the work is pending",
                          describe_block(base, block),
                          on != nullptr ? describe(on->id) : std::string("a destroyed stream"),
-                         enqueued_at(use.label), describe(user), "the drop's stream")});
+                         enqueued_at(use.label), describe(user), "the drop's stream"),
+             as_pointer(base)});
       }
     }
     const DroppedBlock dropped{block.bytes, on != nullptr ? on->id : 0};
@@ -917,7 +919,8 @@ struct FakeDevice::State {
                        "records a fence on each of its streams, and the handle may already name "
                        "another stream)",
                        describe(id), describe_block(base, block),
-                       block.home == id ? "" : " and recorded on it")});
+                       block.home == id ? "" : " and recorded on it"),
+           as_pointer(base)});
     }
   }
 
@@ -939,7 +942,8 @@ struct FakeDevice::State {
                          "{}: work launched after a drop must not use the block",
                          describe_access(access, stream.id, label), block.bytes, base,
                          base + block.bytes,
-                         block.on != 0 ? describe(block.on) : std::string("its graph's end"))});
+                         block.on != 0 ? describe(block.on) : std::string("its graph's end")),
+             as_pointer(base)});
         return true;
       }
       if (!in_pool_segment(begin)) return false;
@@ -955,7 +959,8 @@ struct FakeDevice::State {
           {Hazard::Kind::out_of_bounds,
            fmt::format("{} runs {} bytes past the end of {}",
                        describe_access(access, stream.id, label), end - (base + block.bytes),
-                       describe_block(base, block))});
+                       describe_block(base, block)),
+           as_pointer(base)});
       return true;
     }
     if (block.held || replay) return false;
@@ -979,7 +984,8 @@ struct FakeDevice::State {
                        "event wait or host synchronization orders them (completion does not "
                        "count)",
                        describe_access(access, stream.id, label), earlier, race.begin, race.end,
-                       describe_block(base, block))});
+                       describe_block(base, block)),
+           as_pointer(base)});
     }
     return unordered;
   }

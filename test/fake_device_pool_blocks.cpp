@@ -213,6 +213,55 @@ TEST_CASE("destroying a stream while a block allocated or recorded on it is live
   }
 }
 
+// --- the block a hazard names -----------------------------------------------------------------
+
+TEST_CASE("a hazard about a pool block carries the block's base, so that a test can tell whose "
+          "it is",
+          "[fake][blocks]") {
+  Bench t(false);
+  auto buffer = Bytes::alloc_async(*t.pool, 1024, t.a);
+  const void* base = buffer.data();
+  const auto only = [&](HazardKind kind) {
+    const auto hazards = t.fake().hazards();
+    REQUIRE(hazards.size() == 1);
+    CHECK(hazards.front().kind == kind);
+    return hazards.front().block;
+  };
+  SECTION("out of bounds past its end") {
+    t.fake().launch(t.a, {writes(buffer.data(), 4096)});
+    CHECK(only(HazardKind::out_of_bounds) == base);
+  }
+  SECTION("use after drop") {
+    buffer.reset();
+    t.fake().launch(t.a, {reads(static_cast<const std::byte*>(base), 16)});
+    CHECK(only(HazardKind::use_after_drop) == base);
+  }
+  SECTION("unordered access") {
+    buffer.record_stream(t.b);
+    t.fake().launch(t.a, {writes(buffer)});
+    t.fake().launch(t.b, {reads(buffer)});
+    CHECK(only(HazardKind::unordered_access) == base);
+  }
+  SECTION("unrecorded use") {
+    order_after(t.fake(), t.b, t.a);
+    t.fake().launch(t.b, {writes(buffer)});
+    buffer.reset();
+    CHECK(only(HazardKind::unrecorded_use) == base);
+  }
+  SECTION("destroyed stream") {
+    cudaStream_t c = t.fake().create_stream("doomed");
+    auto other = Bytes::alloc_async(*t.pool, 1024, c);
+    t.fake().destroy_stream(c);
+    CHECK(only(HazardKind::destroyed_stream) == other.data());
+    t.fake().clear_hazards();
+  }
+  SECTION("none for a part of a segment in no block") {
+    auto large = Bytes::alloc_async(*t.pool, 1 << 20, t.a);
+    t.fake().launch(t.a, {writes(large.data() + (2 << 20), 256)});
+    CHECK(only(HazardKind::out_of_bounds) == nullptr);
+  }
+}
+
 // --- the notifications themselves -------------------------------------------------------------
 
 namespace {

@@ -124,6 +124,10 @@ class STREAMPOOL_API FakeDevice final : public Device {
     };
     Kind kind;
     std::string what;
+    // The base of the pool block the hazard is about (the block in `what`): set for every kind
+    // that names one (out_of_bounds past a block's end, use_after_drop, unordered_access,
+    // unrecorded_use, destroyed_stream), null otherwise.
+    const void* block = nullptr;
   };
   // "race", "out_of_bounds", ...: the enumerator's name.
   static const char* hazard_name(Hazard::Kind kind) noexcept;
