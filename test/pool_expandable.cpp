@@ -109,6 +109,51 @@ TEST_CASE("trim unmaps free mappings in the middle of a segment, and growth maps
   CHECK(fake.hazards().empty());
 }
 
+TEST_CASE("a growth first unmaps whole free mappings elsewhere, as much as it maps, and never "
+          "one whose work is pending nor the range it extends") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  // Two streams, so that drops on a record fences. Each buffer is one mapping of its own: a range
+  // that straddles two mappings (one grown in place) unmaps neither.
+  auto other = Bytes::alloc_async(*pool, 20 * MiB, b);
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto middle = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  write_on(fake, a, left);
+  REQUIRE(reserved(*pool) == static_cast<std::int64_t>(80 * MiB));
+  REQUIRE(fake.live_vm_handles() == 4);
+
+  SECTION("a covered free mapping goes before the new one is made") {
+    left.reset();
+    fake.complete(a);  // the drop's fence completes: the range is clean
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(fake.calls(Call::vm_unmap) == 1);
+    CHECK(fake.live_vm_handles() == 4);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(90 * MiB));  // not 110
+    CHECK(pool->stats().reserved_bytes.peak == static_cast<std::int64_t>(90 * MiB));
+  }
+  SECTION("the free range before the hole is extended, not unmapped") {
+    std::byte* const at = right.data();
+    left.reset();
+    right.reset();
+    fake.complete(a);
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(big.data() == at);                  // right's range, and 10 MiB mapped after it
+    CHECK(fake.calls(Call::vm_unmap) == 1);   // left's mapping only
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(70 * MiB));
+  }
+  SECTION("a free mapping whose work may be pending stays") {
+    left.reset();  // its fence not complete: left's write may still run
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(fake.calls(Call::vm_unmap) == 0);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(110 * MiB));
+  }
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("growth never joins the new memory to another stream's uncovered range") {
   PoolOnFake pool(vm_options());
   FakeDevice& fake = pool.fake();

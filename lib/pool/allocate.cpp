@@ -140,7 +140,11 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     drain_parked();
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;
-    // Neighbours that were kept apart (owned by different streams) may all be covered now.
+    // Neighbours that were kept apart (owned by different streams) may all be covered now; so
+    // may s's own ranges, by its fences that completed (a growth may then unmap their memory).
+    s.lock.lock();
+    refresh(s);
+    s.lock.unlock();
     large_.coalesce_covered();
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     return large_.grow(&s, rounded, &was, &grew, error);

@@ -231,6 +231,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     {
       std::lock_guard<std::mutex> lock(mutex_);
       plan = plan_growth(s, rounded);
+      if (give_back_for(plan)) plan = plan_growth(s, rounded);
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
@@ -276,7 +277,24 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
   return nullptr;
 }
 
-std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep) noexcept {
+bool LargeTier::give_back_for(const Plan& plan) noexcept {
+  if (plan.hole == nullptr || !calls_allowed(Restricted::free)) return false;
+  const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
+  const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
+  const Block* extended = plan.hole->before;
+  const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
+  const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
+  std::size_t released = 0;
+  for (const auto& segment : segments_) {
+    if (!segment->expandable) continue;
+    if (static_cast<std::size_t>(pool_.stats_reserved()) <= keep) break;
+    released += unmap_free(*segment, keep, keep_begin, keep_end);
+  }
+  return released > 0;
+}
+
+std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
+                                  const std::byte* keep_begin, const std::byte* keep_end) noexcept {
   Device& device = pool_.device();
   std::size_t released = 0;
   Block* r = segment.first;
@@ -286,6 +304,10 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep) n
     std::byte* const begin = segment.base + m.offset;
     std::byte* const end = begin + m.size;
     while (r->ptr + r->size <= begin) r = r->after;
+    if (begin < keep_end && keep_begin < end) {
+      ++i;
+      continue;
+    }
     const bool whole = r->free && !r->is_slab && r->ptr + r->size >= end && normalize(r);
     Block* left = nullptr;
     Block* right = nullptr;

@@ -152,9 +152,16 @@ class LargeTier {
   bool map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept;
   // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
   void fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
-  // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved; the bytes
-  // unmapped. [growth_mutex_, mutex_]
-  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep) noexcept;
+  // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
+  // that overlaps [keep_begin, keep_end); the bytes unmapped. [growth_mutex_, mutex_]
+  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep,
+                         const std::byte* keep_begin = nullptr,
+                         const std::byte* keep_end = nullptr) noexcept;
+  // Before a growth maps plan.bytes: unmaps up to as much of the whole free mappings elsewhere
+  // (not the free range the plan extends), so that the growth reuses memory fragmentation left
+  // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
+  // again). [growth_mutex_, mutex_]
+  bool give_back_for(const Plan& plan) noexcept;
 
   PoolCore& pool_;
   const PoolOptions& options_;
