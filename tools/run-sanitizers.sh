@@ -31,7 +31,8 @@ for kind in "${kinds[@]}"; do
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSTREAMPOOL_DEBUG_CHECKS=2 -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
-  cmake --build "$build" --target streampool_tests streampool_torch_tests streampool_trace_cost
+  cmake --build "$build" --target streampool_tests streampool_torch_tests streampool_trace_cost \
+    streampool_guide_defaults
   built=$SECONDS
   # Every test case CTest knows of the executables (the GPU tests, the header check, the consumer
   # projects, the thrust tests, which nvcc compiles, and the Python binding, which loads an
