@@ -42,6 +42,81 @@ Fn entry(const char* symbol, unsigned version) {
   return reinterpret_cast<Fn>(fn);
 }
 
+// The virtual-memory calls behind expandable segments, through the pool's seam: what one
+// growth or give-back costs at each mapping size, and whether set access and unmap over many
+// granule mappings at once cost less than one call each.
+void vm_costs(streampool::CudaDevice& cuda) {
+  std::size_t granule = 0;
+  if (cuda.vm_granularity(&granule) != cudaSuccess || granule == 0) {
+    std::puts("no virtual memory management");
+    return;
+  }
+  void* base = nullptr;
+  const std::size_t span = std::size_t{4} << 30;
+  if (cuda.vm_reserve(&base, span) != cudaSuccess) {
+    std::puts("vm_reserve failed");
+    return;
+  }
+  auto* at = static_cast<std::byte*>(base);
+  using clock = std::chrono::steady_clock;
+  const auto us = [](clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+  std::printf("%-52s %8s %8s %8s %8s %8s\n", "vm, mapping size (medians, us)", "create", "map",
+              "access", "unmap", "release");
+  for (std::size_t mib : {2, 8, 32, 128, 1024}) {
+    const std::size_t bytes = mib << 20;
+    std::vector<double> t[5];
+    for (int r = 0; r < (mib >= 128 ? 5 : 15); ++r) {
+      streampool::VmHandle h = 0;
+      auto t0 = clock::now();
+      if (cuda.vm_create(&h, bytes) != cudaSuccess) { std::puts("vm_create failed"); break; }
+      auto t1 = clock::now();
+      cuda.vm_map(at, bytes, h);
+      auto t2 = clock::now();
+      cuda.vm_set_access(at, bytes);
+      auto t3 = clock::now();
+      cuda.vm_unmap(at, bytes);
+      auto t4 = clock::now();
+      cuda.vm_release(h);
+      auto t5 = clock::now();
+      t[0].push_back(us(t1 - t0)); t[1].push_back(us(t2 - t1)); t[2].push_back(us(t3 - t2));
+      t[3].push_back(us(t4 - t3)); t[4].push_back(us(t5 - t4));
+    }
+    const auto med = [](std::vector<double>& v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("vm %6zu MiB %39s %8.1f %8.1f %8.1f %8.1f %8.1f\n", mib, "", med(t[0]), med(t[1]),
+                med(t[2]), med(t[3]), med(t[4]));
+  }
+  // k granule mappings side by side: one set access and one unmap over all of them, and moving
+  // them (unmap, map elsewhere, set access) without releasing the handles.
+  for (int k : {16, 64}) {
+    std::vector<streampool::VmHandle> handles(k);
+    auto t0 = clock::now();
+    for (int i = 0; i < k; ++i) cuda.vm_create(&handles[i], granule);
+    auto t1 = clock::now();
+    for (int i = 0; i < k; ++i) cuda.vm_map(at + i * granule, granule, handles[i]);
+    auto t2 = clock::now();
+    cuda.vm_set_access(at, k * granule);
+    auto t3 = clock::now();
+    cuda.vm_unmap(at, k * granule);
+    auto t4 = clock::now();
+    std::byte* elsewhere = at + (std::size_t{2} << 30);
+    for (int i = 0; i < k; ++i) cuda.vm_map(elsewhere + i * granule, granule, handles[i]);
+    cuda.vm_set_access(elsewhere, k * granule);
+    auto t5 = clock::now();
+    cuda.vm_unmap(elsewhere, k * granule);
+    for (int i = 0; i < k; ++i) cuda.vm_release(handles[i]);
+    auto t6 = clock::now();
+    std::printf("vm %2d x %zu MiB: create all %8.1f us, map all %8.1f, one access %8.1f, one unmap "
+                "%8.1f, remap+access %8.1f, unmap+release all %8.1f\n",
+                k, granule >> 20, us(t1 - t0), us(t2 - t1), us(t3 - t2), us(t4 - t3),
+                us(t5 - t4), us(t6 - t5));
+  }
+  cuda.vm_unreserve(base, span);
+}
+
 }  // namespace
 
 int main() {
@@ -168,6 +243,7 @@ int main() {
       }
     }
   }
+  vm_costs(*cuda);
   cudaEventDestroy(event);
   cudaStreamDestroy(stream);
   return 0;
