@@ -48,6 +48,19 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
       }
     }
   }
+  // The virtual-memory knobs, each varied alone on top of base (crossed with the rest they would
+  // multiply the grid): smaller mappings let memory move between streams (docs/design.md), at a
+  // price in driver calls that the fake device does not weigh (the rows show the device
+  // allocations); and the fixed segments of the fallback.
+  const Sizes mapping = wide ? Sizes{2 * MiB, 8 * MiB, 32 * MiB} : Sizes{8 * MiB};
+  for (std::size_t m : mapping) {
+    PoolOptions o = base;
+    o.mapping_bytes = m;
+    if (std::find(grid.begin(), grid.end(), o) == grid.end()) grid.push_back(o);
+  }
+  PoolOptions fixed = base;
+  fixed.expandable_segments = !base.expandable_segments;
+  if (std::find(grid.begin(), grid.end(), fixed) == grid.end()) grid.push_back(fixed);
   return grid;
 }
 

@@ -109,7 +109,7 @@ TEST_CASE("every key refuses an empty, negative, non-numeric or overflowing valu
 TEST_CASE("sizes the pool's arithmetic cannot hold are refused, naming the key and the limit",
           "[options][bad_input]") {
   // A slab's blocks are host records too (a 1 GiB slab of 512-byte blocks is two million of
-  // them); segments, the large rounding and the stats granule above 1 TiB (what a size class may
+  // them); segments, mappings, the large rounding and the stats granule above 1 TiB (what a size class may
   // be) overflowed the pool's sums: slab=SIZE_MAX carved empty slabs, and allocations returned
   // an empty buffer with no error.
   struct Row {
@@ -118,7 +118,8 @@ TEST_CASE("sizes the pool's arithmetic cannot hold are refused, naming the key a
     const char* limit_text;
   };
   for (const Row row : {Row{"slab", GiB, "1 GiB"}, Row{"segment", TiB, "1 TiB"},
-                        Row{"large_rounding", TiB, "1 TiB"}, Row{"stats_granule", TiB, "1 TiB"}}) {
+                        Row{"mapping", TiB, "1 TiB"}, Row{"large_rounding", TiB, "1 TiB"},
+                        Row{"stats_granule", TiB, "1 TiB"}}) {
     CAPTURE(row.key);
     // large_rounding must be a power of two: its limit itself and twice it.
     const bool power = std::string(row.key) == "large_rounding";

@@ -154,6 +154,36 @@ TEST_CASE("a growth first unmaps whole free mappings elsewhere, as much as it ma
   CHECK(fake.hazards().empty());
 }
 
+TEST_CASE("mapping_bytes: growths map allocations of that size, and trim gives back the free "
+          "ones inside a range that straddles them") {
+  auto options = vm_options();
+  const bool small = GENERATE(false, true);
+  CAPTURE(small);
+  if (small) options.mapping_bytes = 3 * MiB;  // rounded up to the fake's 2 MiB granularity
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, 6 * MiB, a);
+  CHECK(fake.calls(Call::vm_create) == (small ? 2 : 1));  // 4 + 2 MiB, or 6 MiB at once
+  CHECK(fake.calls(Call::vm_set_access) == (small ? 2 : 1));
+  std::byte* const base = x.data();
+  x.reset();
+  // The 6 MiB free before the hole and 4 MiB mapped after it: one range across the mappings.
+  auto y = Bytes::alloc_async(*pool, 10 * MiB, a);
+  CHECK(y.data() == base);
+  CHECK(fake.calls(Call::vm_create) == (small ? 3 : 2));
+  y.reset();
+  auto z = Bytes::alloc_async(*pool, 2 * MiB, a);  // the first 2 MiB of the free range
+  CHECK(z.data() == base);
+  pool->trim(0);
+  // Whole free mappings only: [4, 6) MiB is free too, but the 6 MiB mapping holds z.
+  CHECK(reserved(*pool) == static_cast<std::int64_t>((small ? 4 : 6) * MiB));
+  CHECK(fake.live_vm_handles() == 1);
+  write_on(fake, a, z);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("growth never joins the new memory to another stream's uncovered range") {
   PoolOnFake pool(vm_options());
   FakeDevice& fake = pool.fake();

@@ -103,6 +103,11 @@ TEST_CASE("parse sets each key and leaves every other option as the base had it"
     expected.segment_bytes = 100000;
     REQUIRE(PoolOptions::parse("segment=100000") == expected);
   }
+  SECTION("mapping") {
+    PoolOptions expected = base;
+    expected.mapping_bytes = 8 * MiB;
+    REQUIRE(PoolOptions::parse("mapping=8M") == expected);
+  }
   SECTION("large_rounding") {
     PoolOptions expected = base;
     expected.large_rounding = 4096;
@@ -362,6 +367,7 @@ TEST_CASE("to_conf() gives the line that parse() turns back into the same option
     PoolOptions o;
     o.slab_bytes = 4097;
     o.segment_bytes = 1 * GiB + 1;
+    o.mapping_bytes = 3 * MiB + 5;
     o.stats_granule = 1000;
     o.max_reserved_bytes = ~std::size_t{0};
     o.stream_checks = StreamChecks::identity;

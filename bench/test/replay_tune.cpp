@@ -78,7 +78,40 @@ TEST_CASE("the wide grid searches the shelf, the base's setting first; the narro
   CHECK(wide[2].large_shelf == 0);
   // The base itself is one of the pairs' first halves, and is not searched twice.
   CHECK(std::count(wide.begin(), wide.end(), base) == 1);
+  // The virtual-memory knobs are varied alone, after the crossed part.
+  const auto crossed = std::count_if(wide.begin(), wide.end(), [&](const auto& o) {
+    return o.mapping_bytes == base.mapping_bytes && o.expandable_segments == base.expandable_segments;
+  });
   CHECK(std::count_if(wide.begin(), wide.end(), [](const auto& o) { return o.large_shelf == 0; }) ==
-        static_cast<std::ptrdiff_t>(wide.size() / 2));
+        crossed / 2);
   for (const auto& o : tune_grid(base, false)) CHECK(o.large_shelf == 7);
+}
+
+TEST_CASE("both grids vary the mapping size and expandable segments, each alone on top of the "
+          "base") {
+  streampool::PoolOptions base;
+  base.large_shelf = 3;
+  for (const bool wide : {false, true}) {
+    CAPTURE(wide);
+    const auto grid = tune_grid(base, wide);
+    std::vector<std::size_t> mappings;
+    int fixed = 0;
+    for (const auto& o : grid) {
+      if (o.mapping_bytes != base.mapping_bytes) {
+        mappings.push_back(o.mapping_bytes);
+        streampool::PoolOptions alone = base;
+        alone.mapping_bytes = o.mapping_bytes;
+        CHECK(o == alone);
+      }
+      if (o.expandable_segments != base.expandable_segments) {
+        ++fixed;
+        streampool::PoolOptions alone = base;
+        alone.expandable_segments = o.expandable_segments;
+        CHECK(o == alone);
+      }
+    }
+    CHECK(fixed == 1);
+    CHECK(mappings.size() == (wide ? 3u : 1u));
+    CHECK(std::count(mappings.begin(), mappings.end(), std::size_t{8} << 20) == 1);
+  }
 }

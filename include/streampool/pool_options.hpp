@@ -58,6 +58,13 @@ struct STREAMPOOL_API PoolOptions {
   // cudaMalloc's segments only). Each growth maps what it lacks as one
   // physical allocation of up to 1 GiB (or segment_bytes, if larger); trim unmaps whole ones.
   bool expandable_segments = true;
+  // With expandable segments: the bytes of one physical allocation (rounded up to the device's
+  // granularity, 2 MiB on the H200; at most 1 TiB), or 0 for one per growth as above. Memory goes
+  // back to the device, and moves between places of the arena, only as whole mappings: smaller
+  // ones let more of it move when streams interleave (the two-stream trace: 1.77 reserved per
+  // requested byte with 0, 1.10 with 8M, 1.05 with 2M), and every mapping costs its own driver
+  // calls, about 60 us on the H200, so growth is that much slower (docs/design.md).
+  std::size_t mapping_bytes = 0;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;
@@ -103,7 +110,7 @@ struct STREAMPOOL_API PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, large_shelf, expandable_segments, max_reserved, unfenced,
+  // slab, segment, large_rounding, large_shelf, expandable_segments, mapping, max_reserved, unfenced,
   // unfenced_us, idle_ms, fence_every_free, cross_stream_wait, stream_checks
   // (none|identity|full), stats_granule, nvtx_memory, trace_file (a path, taken as written).
   // Sizes take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
@@ -119,7 +126,7 @@ struct STREAMPOOL_API PoolOptions {
   std::string to_conf() const;
   // Why these options are unusable, or an empty string: the size classes (size_classes.hpp),
   // large_rounding a power of two from the alignment to 1 TiB, slab from 1 byte to 1 GiB,
-  // segment from 1 byte to 1 TiB, stats_granule at most 1 TiB, trace_file without a NUL
+  // segment from 1 byte to 1 TiB, mapping and stats_granule at most 1 TiB, trace_file without a NUL
   // character.
   std::string validate() const;
 

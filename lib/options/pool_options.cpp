@@ -106,6 +106,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
       o.idle_ms = static_cast<std::uint32_t>(n);
     }
     else if (key == "expandable_segments") o.expandable_segments = parse_bool(key, value);
+    else if (key == "mapping") o.mapping_bytes = parse_size(key, value);
     else if (key == "fence_every_free") o.fence_every_free = parse_bool(key, value);
     else if (key == "cross_stream_wait") o.cross_stream_wait = parse_bool(key, value);
     else if (key == "nvtx_memory") o.nvtx_memory = parse_bool(key, value);
@@ -125,7 +126,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
       throw Error(Errc::invalid_value, fmt::format("STREAMPOOL_CONF: unknown key '{}' (known: "
                                                    "smallest, per_doubling, largest, alignment, "
                                                    "slab, segment, large_rounding, large_shelf, "
-                                                   "expandable_segments, max_reserved, "
+                                                   "expandable_segments, mapping, max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
                                                    "stream_checks, stats_granule, nvtx_memory, "
@@ -147,13 +148,15 @@ PoolOptions PoolOptions::from_environment(const PoolOptions& base) {
 std::string PoolOptions::to_conf() const {
   std::string conf = fmt::format(
       "smallest={},per_doubling={},largest={},alignment={},slab={},segment={},"
-      "large_rounding={},large_shelf={},expandable_segments={},max_reserved={},unfenced={},"
+      "large_rounding={},large_shelf={},expandable_segments={},mapping={},max_reserved={},"
+      "unfenced={},"
       "unfenced_us={},idle_ms={},"
       "fence_every_free={},cross_stream_wait={},"
       "stream_checks={},stats_granule={},nvtx_memory={}",
       size_text(size_classes.smallest), size_classes.per_doubling, size_text(size_classes.largest),
       size_text(size_classes.alignment), size_text(slab_bytes), size_text(segment_bytes),
-      size_text(large_rounding), large_shelf, expandable_segments, size_text(max_reserved_bytes),
+      size_text(large_rounding), large_shelf, expandable_segments, size_text(mapping_bytes),
+      size_text(max_reserved_bytes),
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
       cross_stream_wait, checks_text(stream_checks), size_text(stats_granule), nvtx_memory);
@@ -183,6 +186,9 @@ std::string PoolOptions::validate() const {
   }
   if (segment_bytes == 0 || segment_bytes > TiB) {
     return fmt::format("segment ({} bytes) must be positive and at most 1 TiB", segment_bytes);
+  }
+  if (mapping_bytes > TiB) {
+    return fmt::format("mapping ({} bytes) must be at most 1 TiB", mapping_bytes);
   }
   if (stats_granule > TiB) {
     return fmt::format("stats_granule ({} bytes) must be at most 1 TiB", stats_granule);

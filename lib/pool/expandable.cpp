@@ -7,8 +7,8 @@
 // release_free_segments unmaps whole mappings that lie in free, covered ranges, wherever they
 // are, leaving holes that a later growth maps again. docs/design.md says why and what it measured.
 //
-// A growth maps one physical allocation (several past 1 GiB): one vm_create, vm_map and
-// vm_set_access each. Holes change only under growth_mutex_ (growth, and release_free_segments,
+// A growth maps one physical allocation (several past 1 GiB, or past PoolOptions::mapping_bytes
+// where that is set): one vm_create, vm_map and vm_set_access each. Holes change only under growth_mutex_ (growth, and release_free_segments,
 // which takes it too), so a plan made under the arena mutex stays valid while the device calls
 // run outside it; the free range before the hole may be taken meanwhile, in which case the
 // request (which looks again under the lock that fills the hole) grows once more.
@@ -48,6 +48,7 @@ void keep_unreleased(std::vector<VmHandle>& unreleased, VmHandle handle) noexcep
 }  // namespace
 
 std::size_t LargeTier::mapping_limit() const noexcept {
+  if (options_.mapping_bytes != 0) return round_up(options_.mapping_bytes, granule_);
   return round_up(std::max(options_.segment_bytes, max_mapping), granule_);
 }
 
