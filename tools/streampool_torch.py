@@ -146,9 +146,10 @@ def mem_pool(lib_dir=None, **kwargs):
     import torch
 
     core = _core_library(lib_dir)
-    # The null-on-failure form: PyTorch's cache empties itself and retries on null.
+    # The segment entry points: null on failure (PyTorch's cache empties itself and retries on
+    # null), and segments for graph captures that PyTorch begins without telling the allocator.
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        core.path, "streampool_torch_alloc", "streampool_torch_free")
+        core.path, "streampool_torch_segment_alloc", "streampool_torch_segment_free")
     pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)
     pool._streampool_allocator = allocator  # kept alive with the pool
     _route = _route or "mem_pool"

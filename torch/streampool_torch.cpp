@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -74,6 +75,12 @@ struct DevicePool {
   std::vector<std::shared_ptr<CapturePool>> released;       // [graphs_mutex]
   std::atomic<int> preparing{0};  // to_attach.size(), read without the mutex
 
+  // Route 2: the segments allocated while their stream was capturing (segment_alloc), and the
+  // stream they were allocated on instead (no work is ever enqueued on it), made at the first.
+  cudaStream_t segment_stream = nullptr;                // [graphs_mutex]
+  std::unordered_set<void*> capture_segments;           // [graphs_mutex]
+  std::vector<Buffer> released_segments;  // freed during a capture: dropped at the next trim [graphs_mutex]
+
   Shard& shard_of(const void* ptr) noexcept {
     return shards[(reinterpret_cast<std::uintptr_t>(ptr) >> 9) % shard_count];
   }
@@ -83,6 +90,7 @@ struct Table {
   std::mutex mutex;  // to make a pool
   std::array<std::atomic<DevicePool*>, max_devices> pools{};
   DeviceFactory factory;  // [mutex]; empty: CudaDevice
+  StreamFactory streams;  // [mutex]; empty: cudaStreamCreateWithFlags
   PoolOptions options;    // [mutex]
 };
 Table& table() {
@@ -205,13 +213,87 @@ Buffer take(void* ptr, int device_hint) noexcept {
   return buffer;
 }
 
+// Every call of this thread in relaxed capture mode while it lives, whether or not a capture of
+// this layer's is under way: route 2's segments are asked for inside captures PyTorch begins
+// in global mode without telling this layer.
+class AlwaysRelaxed {
+ public:
+  AlwaysRelaxed() noexcept { exchanged_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  ~AlwaysRelaxed() {
+    if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  AlwaysRelaxed(const AlwaysRelaxed&) = delete;
+  AlwaysRelaxed& operator=(const AlwaysRelaxed&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = false;
+};
+
+// The stream route 2's capture segments are allocated on. [d.graphs_mutex]
+cudaStream_t segment_stream_of(DevicePool& d) {
+  if (d.segment_stream != nullptr) return d.segment_stream;
+  const int ordinal = d.pool.device().ordinal();
+  StreamFactory streams;
+  {
+    Table& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    streams = t.streams;
+  }
+  cudaStream_t made = nullptr;
+  if (streams) {
+    made = streams(ordinal);
+  } else {
+    int current = 0;
+    throw_on_cuda_error(cudaGetDevice(&current), "segment stream: cudaGetDevice");
+    throw_on_cuda_error(cudaSetDevice(ordinal), "segment stream: cudaSetDevice");
+    const cudaError_t status = cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking);
+    cudaSetDevice(current);
+    throw_on_cuda_error(status, "segment stream: cudaStreamCreateWithFlags");
+  }
+  d.segment_stream = made;
+  return made;
+}
+
+void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
+  if (size <= 0) return nullptr;
+  DevicePool& d = pool_of(device);
+  CaptureStatus status = CaptureStatus::none;
+  throw_on_cuda_error(d.pool.device().capture_info(stream, &status, nullptr),
+                      "segment allocation: cudaStreamGetCaptureInfo");
+  if (status != CaptureStatus::active) return allocate(size, device, stream);
+  // Inside a capture PyTorch began: the segment is the graph's private pool's, which PyTorch's
+  // cache keeps until it releases that pool, after the graph. It is allocated on a stream with no
+  // work, so that it is clean, and is no stream's to reuse until it is freed (below).
+  const AlwaysRelaxed relaxed;
+  cudaStream_t quiet = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.graphs_mutex);
+    quiet = segment_stream_of(d);
+  }
+  void* ptr = allocate(size, device, quiet);  // takes graphs_mutex itself when a capture is prepared
+  std::lock_guard<std::mutex> lock(d.graphs_mutex);
+  try {
+    d.capture_segments.insert(ptr);
+    // Room for every capture segment in the list of those freed during a capture, so that a free
+    // never needs host memory.
+    d.released_segments.reserve(d.released_segments.size() + d.capture_segments.size());
+  } catch (...) {
+    d.capture_segments.erase(ptr);
+    Buffer unused = take(ptr, device);  // never handed out: nothing used it
+    throw;
+  }
+  return ptr;
+}
+
 }  // namespace
 
-void reset_for_tests(DeviceFactory factory, const PoolOptions& options) {
+void reset_for_tests(DeviceFactory factory, const PoolOptions& options, StreamFactory streams) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
   for (auto& slot : t.pools) delete slot.exchange(nullptr);
   t.factory = std::move(factory);
+  t.streams = std::move(streams);
   t.options = options;
   captures_under_way.store(0);
 }
@@ -266,6 +348,41 @@ void streampool_torch_free(void* ptr, ssize_t /*size*/, int device, cudaStream_t
     }
   }
   buffer.reset();
+}
+
+void* streampool_torch_segment_alloc(ssize_t size, int device, cudaStream_t stream) {
+  try {
+    return allocate_segment(size, device, stream);
+  } catch (const Error& e) {
+    fail(e.what(), e.errc() == Errc::out_of_memory);
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("streampool: segment allocation failed");
+  }
+  return nullptr;
+}
+
+void streampool_torch_segment_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  if (DevicePool* d = existing(device)) {
+    std::lock_guard<std::mutex> lock(d->graphs_mutex);
+    if (d->capture_segments.erase(ptr) != 0) {
+      Buffer buffer = take(ptr, device);
+      // The graph's replays may still run: as cudaFree would, wait for the device first (PyTorch
+      // frees a graph's segments only after it released the graph, outside any capture, as its
+      // own cudaFree would break one). During a capture of route 1 the synchronize would break
+      // it: then at the next trim.
+      if (captures_under_way.load(std::memory_order_acquire) == 0 &&
+          d->pool.device().device_synchronize() == cudaSuccess) {
+        buffer.reset();
+        return;
+      }
+      d->released_segments.push_back(std::move(buffer));  // room reserved at its allocation
+      return;
+    }
+  }
+  streampool_torch_free(ptr, size, device, stream);
 }
 
 int streampool_torch_record_stream(void* ptr, cudaStream_t stream) {
@@ -336,6 +453,17 @@ int streampool_torch_trim(int device) {
     DevicePool* d = existing(i);
     if (d == nullptr) continue;
     try {
+      {
+        // Route 2's capture segments freed during a capture: dropped once the device is idle.
+        // Under the mutex, so that the list keeps the room reserved for them.
+        std::lock_guard<std::mutex> lock(d->graphs_mutex);
+        if (!d->released_segments.empty()) {
+          const cudaError_t status = d->pool.device().device_synchronize();
+          if (status != cudaSuccess) throw Error(status, "trim: cudaDeviceSynchronize");
+          for (Buffer& b : d->released_segments) b.reset();
+          d->released_segments.clear();
+        }
+      }
       std::vector<std::shared_ptr<CapturePool>> released;
       {
         std::lock_guard<std::mutex> lock(d->graphs_mutex);

@@ -130,6 +130,90 @@ TEST_CASE("without the begin hook, an allocation during a capture fails and touc
   REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
 }
 
+TEST_CASE("route 2: a segment asked for during a capture without the hooks is clean memory no "
+          "stream reuses until it is freed, and its free waits for the device") {
+  // What torch.cuda.MemPool's cache does inside torch.cuda.graph(pool=...): it begins and ends
+  // the capture itself, asks for whole segments on the capturing stream, and frees them when it
+  // releases the graph's private pool, after the graph.
+  using Call = streampool::FakeDevice::Call;
+  TorchOnFakes torch;
+  FakeDevice& fake = torch.fake(0);
+  cudaStream_t s = fake.create_stream();
+  constexpr std::size_t segment = std::size_t{2} << 20;
+  void* eager = streampool_torch_segment_alloc(segment, 0, s);  // outside a capture: as alloc
+  REQUIRE(eager != nullptr);
+  fake.launch(s, {{eager, segment, true}});
+  streampool_torch_segment_free(eager, segment, 0, s);  // stream-ordered: no synchronize
+  CHECK(fake.calls(Call::device_synchronize) == 0);
+
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  void* first = streampool_torch_segment_alloc(segment, 0, s);
+  INFO(streampool_torch_last_error());
+  REQUIRE(first != nullptr);
+  CHECK(first != eager);  // eager's drop may still be pending on s
+  void* second = streampool_torch_segment_alloc(segment, 0, s);
+  REQUIRE(second != nullptr);
+  REQUIRE(second != first);
+  fake.launch(s, {{first, segment, true}, {second, segment, false}});
+  CaptureStatus status = CaptureStatus::none;
+  streampool::CaptureId id = 0;
+  REQUIRE(fake.capture_info(s, &status, &id) == cudaSuccess);
+  REQUIRE(status == CaptureStatus::active);  // nothing the capture refuses was called
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(fake.graph_instantiate(&exec, graph) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  REQUIRE(fake.graph_launch(exec, s) == cudaSuccess);
+
+  // Eager work while the graph lives never gets its segments.
+  std::vector<void*> after;
+  for (int i = 0; i < 4; ++i) after.push_back(streampool_torch_segment_alloc(segment, 0, s));
+  for (void* p : after) {
+    REQUIRE(p != nullptr);
+    REQUIRE(p != first);
+    REQUIRE(p != second);
+    fake.launch(s, {{p, segment, true}});
+  }
+  for (void* p : after) streampool_torch_segment_free(p, segment, 0, s);
+  REQUIRE(fake.graph_launch(exec, s) == cudaSuccess);
+  REQUIRE(fake.graph_exec_destroy(exec) == cudaSuccess);
+  CHECK(fake.calls(Call::device_synchronize) == 0);
+
+  SECTION("freed: the device is synchronized first, and the memory is the cache's again") {
+    streampool_torch_segment_free(first, segment, 0, s);
+    CHECK(fake.calls(Call::device_synchronize) == 1);
+    streampool_torch_segment_free(second, segment, 0, s);
+    CHECK(fake.calls(Call::device_synchronize) == 2);
+    REQUIRE(streampool_torch_trim(0) == 0);
+    CHECK(fake.live_bytes() == 0);
+  }
+  SECTION("freed during a capture of route 1: dropped at the next trim, after a synchronize") {
+    cudaStream_t t = fake.create_stream();
+    REQUIRE(streampool_torch_begin_allocate_to_pool(0, 9, 0, t) == 0);
+    REQUIRE(fake.begin_capture(t, CaptureMode::relaxed) == cudaSuccess);
+    streampool_torch_segment_free(first, segment, 0, s);
+    streampool_torch_segment_free(second, segment, 0, s);
+    CHECK(fake.calls(Call::device_synchronize) == 0);  // it would break the capture
+    cudaGraph_t other = nullptr;
+    REQUIRE(fake.end_capture(t, &other) == cudaSuccess);
+    REQUIRE(streampool_torch_end_allocate_to_pool(0, 9, 0) == 0);
+    REQUIRE(fake.graph_destroy(other) == cudaSuccess);
+    REQUIRE(streampool_torch_release_pool(0, 9, 0) == 0);
+    const auto held = TorchOnFakes::stats(0).reserved_bytes_current;
+    void* meanwhile = streampool_torch_segment_alloc(segment, 0, s);
+    CHECK(meanwhile != first);  // still not the cache's
+    CHECK(meanwhile != second);
+    streampool_torch_segment_free(meanwhile, segment, 0, s);
+    REQUIRE(streampool_torch_trim(0) == 0);
+    CHECK(fake.calls(Call::device_synchronize) >= 1);
+    CHECK(TorchOnFakes::stats(0).reserved_bytes_current < held);
+    CHECK(fake.live_bytes() == 0);
+  }
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("the graph hooks refuse what PyTorch would never ask") {
   TorchOnFakes torch;
   FakeDevice& fake = torch.fake(0);

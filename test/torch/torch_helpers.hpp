@@ -27,7 +27,8 @@ struct TorchOnFakes {
           devices[ordinal] = fake;
           return fake;
         },
-        options);
+        options,
+        [this](int ordinal) { return devices.at(ordinal)->create_stream("segments"); });
   }
   ~TorchOnFakes() { streampool::torch_layer::reset_for_tests({}); }
   TorchOnFakes(const TorchOnFakes&) = delete;
