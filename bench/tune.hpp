@@ -25,9 +25,10 @@ bool ranks_before(const TuneRow& a, const TuneRow& b);
 
 // The configurations tune searches: `base` itself first (the baseline), then size classes
 // (classes per doubling, largest cached size), large rounding and segment size (and, in the wide
-// grid, slab size and the shelf) varied on top of `base`, every other key kept, then the mapping
-// size and expandable segments each varied alone; no configuration twice. The narrow grid has a
-// few dozen, the wide one about a thousand.
+// grid, slab size and the shelf) varied on top of `base`, every other key kept, then expandable
+// segments and (wide grid) the mapping size each varied alone, one mapping per growth among them
+// when base sets a size; no configuration twice. The narrow grid has a few dozen, the wide one
+// about a thousand.
 std::vector<PoolOptions> tune_grid(const PoolOptions& base = {}, bool wide = false);
 
 // Replays every trace under every configuration, `threads` replays at a time (no more threads

@@ -143,6 +143,10 @@ TEST_CASE("sizes the pool's arithmetic cannot hold are refused, naming the key a
     CHECK_THAT(construction_refusal(options),
                Catch::Contains("segment") && Catch::Contains("1 TiB"));
     options = test_options();
+    options.mapping_bytes = size_max;
+    CHECK_THAT(construction_refusal(options),
+               Catch::Contains("mapping") && Catch::Contains("1 TiB"));
+    options = test_options();
     options.stats_granule = std::size_t{1} << 62;
     CHECK_THAT(construction_refusal(options),
                Catch::Contains("stats_granule") && Catch::Contains("1 TiB"));

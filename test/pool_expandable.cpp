@@ -176,7 +176,8 @@ TEST_CASE("mapping_bytes: growths map allocations of that size, and trim gives b
   auto z = Bytes::alloc_async(*pool, 2 * MiB, a);  // the first 2 MiB of the free range
   CHECK(z.data() == base);
   pool->trim(0);
-  // Whole free mappings only: [4, 6) MiB is free too, but the 6 MiB mapping holds z.
+  // Whole free mappings only: z holds [0, 2); by default the 6 MiB mapping holds it, and only
+  // [6, 10) goes; with 4 MiB mappings, [0, 4) holds it, and [4, 6) and [6, 10) go.
   CHECK(reserved(*pool) == static_cast<std::int64_t>((small ? 4 : 6) * MiB));
   CHECK(fake.live_vm_handles() == 1);
   write_on(fake, a, z);

@@ -33,7 +33,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -75,11 +74,13 @@ struct DevicePool {
   std::vector<std::shared_ptr<CapturePool>> released;       // [graphs_mutex]
   std::atomic<int> preparing{0};  // to_attach.size(), read without the mutex
 
-  // Route 2: the segments allocated while their stream was capturing (segment_alloc), and the
-  // stream they were allocated on instead (no work is ever enqueued on it), made at the first.
-  cudaStream_t segment_stream = nullptr;                // [graphs_mutex]
-  std::unordered_set<void*> capture_segments;           // [graphs_mutex]
-  std::vector<Buffer> released_segments;  // freed during a capture: dropped at the next trim [graphs_mutex]
+  // Route 2 (segment_alloc): the stream that segments asked for during a capture are allocated
+  // on instead (no work is enqueued on it), made at the first; the segments handed out; those
+  // freed while a synchronize was not possible, dropped at the next trim (room for every live
+  // segment is reserved, so that a free needs no host memory).
+  cudaStream_t segment_stream = nullptr;  // [graphs_mutex]
+  std::size_t live_segments = 0;          // [graphs_mutex]
+  std::vector<Buffer> released_segments;  // [graphs_mutex]
 
   Shard& shard_of(const void* ptr) noexcept {
     return shards[(reinterpret_cast<std::uintptr_t>(ptr) >> 9) % shard_count];
@@ -261,25 +262,35 @@ void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
   CaptureStatus status = CaptureStatus::none;
   throw_on_cuda_error(d.pool.device().capture_info(stream, &status, nullptr),
                       "segment allocation: cudaStreamGetCaptureInfo");
-  if (status != CaptureStatus::active) return allocate(size, device, stream);
-  // Inside a capture PyTorch began: the segment is the graph's private pool's, which PyTorch's
-  // cache keeps until it releases that pool, after the graph. It is allocated on a stream with no
-  // work, so that it is clean, and is no stream's to reuse until it is freed (below).
-  const AlwaysRelaxed relaxed;
-  cudaStream_t quiet = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(d.graphs_mutex);
-    quiet = segment_stream_of(d);
+  void* ptr = nullptr;
+  if (status != CaptureStatus::active) {
+    ptr = allocate(size, device, stream);
+  } else {
+    // Inside a capture PyTorch began: the segment is the graph's private pool's, which PyTorch's
+    // cache keeps until it releases that pool, after the graph. It is allocated on a stream with
+    // no work, so that it is clean (a range that stream waited for would be safe only after it:
+    // hence no cross_stream_wait), in relaxed mode and with the capture noticed, so that the pool
+    // makes no call that the capture refuses.
+    if (d.pool.options().cross_stream_wait) {
+      throw Error(Errc::invalid_value,
+                  "segment allocation during a capture: not with cross_stream_wait (the segment "
+                  "could wait for another stream that the graph is not ordered after)");
+    }
+    const AlwaysRelaxed relaxed;
+    const CaptureNotice notice(CaptureMode::relaxed);
+    cudaStream_t quiet = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(d.graphs_mutex);
+      quiet = segment_stream_of(d);
+    }
+    ptr = allocate(size, device, quiet);  // takes graphs_mutex itself when a capture is prepared
   }
-  void* ptr = allocate(size, device, quiet);  // takes graphs_mutex itself when a capture is prepared
-  std::lock_guard<std::mutex> lock(d.graphs_mutex);
+  if (ptr == nullptr) return nullptr;
   try {
-    d.capture_segments.insert(ptr);
-    // Room for every capture segment in the list of those freed during a capture, so that a free
-    // never needs host memory.
-    d.released_segments.reserve(d.released_segments.size() + d.capture_segments.size());
+    std::lock_guard<std::mutex> lock(d.graphs_mutex);
+    d.released_segments.reserve(d.released_segments.size() + d.live_segments + 1);
+    ++d.live_segments;
   } catch (...) {
-    d.capture_segments.erase(ptr);
     Buffer unused = take(ptr, device);  // never handed out: nothing used it
     throw;
   }
@@ -363,26 +374,36 @@ void* streampool_torch_segment_alloc(ssize_t size, int device, cudaStream_t stre
   return nullptr;
 }
 
-void streampool_torch_segment_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+void streampool_torch_segment_free(void* ptr, ssize_t /*size*/, int device,
+                                   cudaStream_t /*stream*/) {
   if (ptr == nullptr) return;
-  if (DevicePool* d = existing(device)) {
-    std::lock_guard<std::mutex> lock(d->graphs_mutex);
-    if (d->capture_segments.erase(ptr) != 0) {
-      Buffer buffer = take(ptr, device);
-      // The graph's replays may still run: as cudaFree would, wait for the device first (PyTorch
-      // frees a graph's segments only after it released the graph, outside any capture, as its
-      // own cudaFree would break one). During a capture of route 1 the synchronize would break
-      // it: then at the next trim.
-      if (captures_under_way.load(std::memory_order_acquire) == 0 &&
-          d->pool.device().device_synchronize() == cudaSuccess) {
-        buffer.reset();
-        return;
-      }
-      d->released_segments.push_back(std::move(buffer));  // room reserved at its allocation
+  DevicePool* d = existing(device);
+  if (d == nullptr) return;
+  try {
+    Buffer buffer = take(ptr, device);
+    if (buffer.is_empty()) return;
+    // PyTorch frees a segment when it empties its cache, after waiting for its own events of the
+    // segment's blocks, and counts on cudaFree to wait for the rest (a graph's replays among
+    // them): so the device is synchronized before the segment goes back to the pool. During a
+    // capture of route 1 that would break the capture: then at the next trim.
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> lock(d->graphs_mutex);
+      if (d->live_segments > 0) --d->live_segments;
+      now = captures_under_way.load(std::memory_order_acquire) == 0;
+      if (!now) d->released_segments.push_back(std::move(buffer));  // room reserved
+    }
+    if (!now) return;
+    if (d->pool.device().device_synchronize() == cudaSuccess) {
+      buffer.reset();
       return;
     }
+    std::lock_guard<std::mutex> lock(d->graphs_mutex);
+    d->released_segments.push_back(std::move(buffer));  // room reserved
+    fail("segment free: cudaDeviceSynchronize failed; the segment waits for the next trim");
+  } catch (const std::exception& e) {
+    fail(e.what());  // the segment stays out of reuse: never early
   }
-  streampool_torch_free(ptr, size, device, stream);
 }
 
 int streampool_torch_record_stream(void* ptr, cudaStream_t stream) {
@@ -454,14 +475,21 @@ int streampool_torch_trim(int device) {
     if (d == nullptr) continue;
     try {
       {
-        // Route 2's capture segments freed during a capture: dropped once the device is idle.
-        // Under the mutex, so that the list keeps the room reserved for them.
-        std::lock_guard<std::mutex> lock(d->graphs_mutex);
-        if (!d->released_segments.empty()) {
+        // Route 2's segments freed when the device could not be synchronized: dropped once it
+        // was, those freed before the synchronize began (the list keeps its room).
+        std::size_t waiting = 0;
+        {
+          std::lock_guard<std::mutex> lock(d->graphs_mutex);
+          waiting = d->released_segments.size();
+        }
+        if (waiting > 0) {
           const cudaError_t status = d->pool.device().device_synchronize();
           if (status != cudaSuccess) throw Error(status, "trim: cudaDeviceSynchronize");
-          for (Buffer& b : d->released_segments) b.reset();
-          d->released_segments.clear();
+          std::lock_guard<std::mutex> lock(d->graphs_mutex);
+          auto& list = d->released_segments;
+          waiting = std::min(waiting, list.size());  // a trim of another thread took some
+          for (std::size_t k = 0; k < waiting; ++k) list[k].reset();
+          list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(waiting));
         }
       }
       std::vector<std::shared_ptr<CapturePool>> released;

@@ -44,13 +44,14 @@ STREAMPOOL_TORCH_API void streampool_torch_free(void* ptr, ssize_t size, int dev
                                                 cudaStream_t stream);
 
 /* Route 2 (torch.cuda.MemPool): PyTorch's cache asks for whole segments, keeps them until it
- * empties its cache, and begins and ends graph captures without telling the allocator. Outside a
- * capture these are streampool_torch_alloc and streampool_torch_free. A segment asked for on a
- * capturing stream is allocated on a stream of the pool's own that no work is ever enqueued on
- * (so that nothing the capture refuses is called on the captured stream, and the segment is
- * clean), and is no stream's to reuse until it is freed; its free waits for the device first, as
- * cudaFree would (PyTorch frees a graph's segments after it released the graph), or, during a
- * capture of route 1, drops it at the next streampool_torch_trim after a synchronize. */
+ * empties its cache, and begins and ends graph captures without telling the allocator.
+ * segment_alloc is streampool_torch_alloc, except on a capturing stream: there the segment is
+ * allocated on a stream of the pool's own that no work is enqueued on (so that nothing the
+ * capture refuses is called on the captured stream, and the segment is clean), with the capture
+ * noticed (CaptureNotice), and is no stream's to reuse until it is freed (refused with
+ * cross_stream_wait). segment_free synchronizes the device before the segment goes back, as the
+ * cudaFree PyTorch's cache counts on would wait (for a graph's replays among others); during a
+ * capture of route 1 the segment waits for the next streampool_torch_trim instead. */
 STREAMPOOL_TORCH_API void* streampool_torch_segment_alloc(ssize_t size, int device,
                                                           cudaStream_t stream);
 STREAMPOOL_TORCH_API void streampool_torch_segment_free(void* ptr, ssize_t size, int device,

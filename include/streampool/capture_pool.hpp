@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -200,6 +201,25 @@ STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>
                                               CaptureMode mode = CaptureMode::global);
 STREAMPOOL_API bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool);
 STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept;
+
+// A capture the library did not begin and is not bound to, for as long as this object lives: no
+// thread makes a call that a capture of `mode` would refuse, as during one begun with
+// begin_capture_with_pool (the pool then does without those calls: an allocation that would need
+// one fails with Errc::out_of_memory, or its reclaim skips that step). For a framework that
+// begins captures itself and lets the pool allocate for them on a stream that is not captured
+// (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
+// `thread` is the thread whose calls a thread-local capture restricts.
+class STREAMPOOL_API CaptureNotice {
+ public:
+  explicit CaptureNotice(CaptureMode mode, std::thread::id thread = std::this_thread::get_id());
+  ~CaptureNotice();
+  CaptureNotice(const CaptureNotice&) = delete;
+  CaptureNotice& operator=(const CaptureNotice&) = delete;
+
+ private:
+  CaptureMode mode_;
+  std::thread::id thread_;
+};
 
 // Completes releases that graphs handed to the library (see the lifetime rules above). The
 // library calls it at its own safe points; call it to have them sooner, or after the last

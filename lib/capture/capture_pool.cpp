@@ -238,6 +238,13 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
 
 }  // namespace
 
+CaptureNotice::CaptureNotice(CaptureMode mode, std::thread::id thread)
+    : mode_(mode), thread_(thread) {
+  detail::note_capture_begin(mode_, thread_);
+}
+
+CaptureNotice::~CaptureNotice() { detail::note_capture_end(mode_, thread_); }
+
 void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
                                CaptureMode mode) {
   if (pool == nullptr) throw Error(Errc::invalid_value, "begin_capture_with_pool: no pool");

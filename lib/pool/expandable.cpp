@@ -34,6 +34,7 @@ constexpr int growth_attempts = 4;
 // A growth maps one physical allocation of up to this (or segment_bytes, if larger): every
 // mapping costs a cuMemCreate, cuMemMap and cuMemSetAccess, and 20 MiB chunks made replays of
 // the traces on the H200 2.1-2.4x slower per event than cudaMalloc's segments.
+// PoolOptions::mapping_bytes, where set, is the size instead.
 constexpr std::size_t max_mapping = std::size_t{1} << 30;
 
 // A handle the device refused to release, kept to be tried again at the pool's destruction (lost,
@@ -238,7 +239,12 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
         try {
           chunks = (plan.bytes + mapping_limit() - 1) / mapping_limit();
           Segment& segment = *plan.hole->segment;
-          segment.mappings.reserve(segment.mappings.size() + chunks);
+          // Geometrically: with small mappings (PoolOptions::mapping_bytes) a segment holds tens
+          // of thousands, and an exact reserve would copy them all at every growth.
+          const std::size_t need = segment.mappings.size() + chunks;
+          if (need > segment.mappings.capacity()) {
+            segment.mappings.reserve(std::max(need, 2 * segment.mappings.capacity()));
+          }
           rest = new_block();
         } catch (const std::bad_alloc&) {
           error = Errc::out_of_memory;
@@ -362,10 +368,11 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     }
     while (r->after != nullptr && r->after->hole) absorb_next(r);
     segment.mapped -= m.size;
-    segment.mappings.erase(segment.mappings.begin() + static_cast<std::ptrdiff_t>(i));
+    segment.mappings[i++].size = 0;  // erased below, all at once
     pool_.count_device_free(m.size);
     released += m.size;
   }
+  std::erase_if(segment.mappings, [](const Mapping& m) { return m.size == 0; });
   return released;
 }
 

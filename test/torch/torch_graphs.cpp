@@ -143,8 +143,8 @@ TEST_CASE("route 2: a segment asked for during a capture without the hooks is cl
   void* eager = streampool_torch_segment_alloc(segment, 0, s);  // outside a capture: as alloc
   REQUIRE(eager != nullptr);
   fake.launch(s, {{eager, segment, true}});
-  streampool_torch_segment_free(eager, segment, 0, s);  // stream-ordered: no synchronize
-  CHECK(fake.calls(Call::device_synchronize) == 0);
+  streampool_torch_segment_free(eager, segment, 0, s);  // waits for the device, as cudaFree
+  CHECK(fake.calls(Call::device_synchronize) == 1);
 
   REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
   void* first = streampool_torch_segment_alloc(segment, 0, s);
@@ -166,7 +166,8 @@ TEST_CASE("route 2: a segment asked for during a capture without the hooks is cl
   REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
   REQUIRE(fake.graph_launch(exec, s) == cudaSuccess);
 
-  // Eager work while the graph lives never gets its segments.
+  // Eager segments while the graph lives: not the graph's (a sanity check; the segments are
+  // live, and the pool hands out nothing twice).
   std::vector<void*> after;
   for (int i = 0; i < 4; ++i) after.push_back(streampool_torch_segment_alloc(segment, 0, s));
   for (void* p : after) {
@@ -175,16 +176,17 @@ TEST_CASE("route 2: a segment asked for during a capture without the hooks is cl
     REQUIRE(p != second);
     fake.launch(s, {{p, segment, true}});
   }
-  for (void* p : after) streampool_torch_segment_free(p, segment, 0, s);
   REQUIRE(fake.graph_launch(exec, s) == cudaSuccess);
+  for (void* p : after) streampool_torch_segment_free(p, segment, 0, s);
+  CHECK(fake.calls(Call::device_synchronize) == 1 + after.size());
   REQUIRE(fake.graph_exec_destroy(exec) == cudaSuccess);
-  CHECK(fake.calls(Call::device_synchronize) == 0);
+  const std::size_t synchronized = fake.calls(Call::device_synchronize);
 
   SECTION("freed: the device is synchronized first, and the memory is the cache's again") {
     streampool_torch_segment_free(first, segment, 0, s);
-    CHECK(fake.calls(Call::device_synchronize) == 1);
+    CHECK(fake.calls(Call::device_synchronize) == synchronized + 1);
     streampool_torch_segment_free(second, segment, 0, s);
-    CHECK(fake.calls(Call::device_synchronize) == 2);
+    CHECK(fake.calls(Call::device_synchronize) == synchronized + 2);
     REQUIRE(streampool_torch_trim(0) == 0);
     CHECK(fake.live_bytes() == 0);
   }
@@ -194,7 +196,7 @@ TEST_CASE("route 2: a segment asked for during a capture without the hooks is cl
     REQUIRE(fake.begin_capture(t, CaptureMode::relaxed) == cudaSuccess);
     streampool_torch_segment_free(first, segment, 0, s);
     streampool_torch_segment_free(second, segment, 0, s);
-    CHECK(fake.calls(Call::device_synchronize) == 0);  // it would break the capture
+    CHECK(fake.calls(Call::device_synchronize) == synchronized);  // it would break the capture
     cudaGraph_t other = nullptr;
     REQUIRE(fake.end_capture(t, &other) == cudaSuccess);
     REQUIRE(streampool_torch_end_allocate_to_pool(0, 9, 0) == 0);
@@ -206,12 +208,58 @@ TEST_CASE("route 2: a segment asked for during a capture without the hooks is cl
     CHECK(meanwhile != second);
     streampool_torch_segment_free(meanwhile, segment, 0, s);
     REQUIRE(streampool_torch_trim(0) == 0);
-    CHECK(fake.calls(Call::device_synchronize) >= 1);
-    CHECK(TorchOnFakes::stats(0).reserved_bytes_current < held);
+    CHECK(TorchOnFakes::stats(0).reserved_bytes_current < held);  // not before the trim
     CHECK(fake.live_bytes() == 0);
   }
   fake.complete_all();
   CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("route 2: a segment there is no room for during a capture fails as out of memory, "
+          "and the capture stays active") {
+  // The pool's out-of-memory ladder frees segments and synchronizes the device: both refused
+  // during a capture (the H200 refuses cudaDeviceSynchronize in a relaxed capture too, and the
+  // capture is invalidated). The capture is noticed, so the ladder skips them.
+  using Call = streampool::FakeDevice::Call;
+  auto options = test_options();
+  options.max_reserved_bytes = std::size_t{8} << 20;
+  TorchOnFakes torch(options);
+  FakeDevice& fake = torch.fake(0);
+  cudaStream_t s = fake.create_stream();
+  void* held = streampool_torch_segment_alloc(std::size_t{4} << 20, 0, s);
+  REQUIRE(held != nullptr);
+  const std::size_t synchronized = fake.calls(Call::device_synchronize);
+  const std::size_t freed = fake.calls(Call::free) + fake.calls(Call::vm_unmap);
+  const auto mode = GENERATE(CaptureMode::relaxed, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, mode) == cudaSuccess);
+  CHECK(streampool_torch_segment_alloc(std::size_t{16} << 20, 0, s) == nullptr);
+  CHECK(streampool_torch_last_error_was_out_of_memory() == 1);
+  CHECK(fake.calls(Call::device_synchronize) == synchronized);
+  CHECK(fake.calls(Call::free) + fake.calls(Call::vm_unmap) == freed);
+  CaptureStatus status = CaptureStatus::none;
+  REQUIRE(fake.capture_info(s, &status, nullptr) == cudaSuccess);
+  CHECK(status == CaptureStatus::active);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  streampool_torch_segment_free(held, 0, 0, s);
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("route 2 refuses a segment during a capture with cross_stream_wait, and touches "
+          "nothing") {
+  auto options = test_options();
+  options.cross_stream_wait = true;
+  TorchOnFakes torch(options);
+  FakeDevice& fake = torch.fake(0);
+  cudaStream_t s = fake.create_stream();
+  REQUIRE(fake.begin_capture(s, CaptureMode::relaxed) == cudaSuccess);
+  CHECK(streampool_torch_segment_alloc(4096, 0, s) == nullptr);
+  CHECK(std::string(streampool_torch_last_error()).find("cross_stream_wait") != std::string::npos);
+  CHECK(TorchOnFakes::stats(0).live_allocations_current == 0);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
 }
 
 TEST_CASE("the graph hooks refuse what PyTorch would never ask") {
