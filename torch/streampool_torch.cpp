@@ -143,10 +143,13 @@ DevicePool* existing(int device) noexcept {
 // cudaMalloc and cudaEventQuery (and invalidate the capture) in every thread. The pool is told
 // the capture is relaxed (prepare_capture_with_pool), and so still makes none of the calls that
 // CUDA refuses in every mode. No call at all when no capture is under way.
+//
+// `always`: whether or not a capture of this layer's is under way (route 2's segments are asked
+// for inside captures PyTorch begins in global mode without telling this layer).
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() noexcept {
-    if (captures_under_way.load(std::memory_order_acquire) == 0) return;
+  explicit RelaxedCaptureMode(bool always = false) noexcept {
+    if (!always && captures_under_way.load(std::memory_order_acquire) == 0) return;
     mode_ = cudaStreamCaptureModeRelaxed;
     exchanged_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
   }
@@ -214,23 +217,6 @@ Buffer take(void* ptr, int device_hint) noexcept {
   return buffer;
 }
 
-// Every call of this thread in relaxed capture mode while it lives, whether or not a capture of
-// this layer's is under way: route 2's segments are asked for inside captures PyTorch begins
-// in global mode without telling this layer.
-class AlwaysRelaxed {
- public:
-  AlwaysRelaxed() noexcept { exchanged_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
-  ~AlwaysRelaxed() {
-    if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  AlwaysRelaxed(const AlwaysRelaxed&) = delete;
-  AlwaysRelaxed& operator=(const AlwaysRelaxed&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool exchanged_ = false;
-};
-
 // The stream route 2's capture segments are allocated on. [d.graphs_mutex]
 cudaStream_t segment_stream_of(DevicePool& d) {
   if (d.segment_stream != nullptr) return d.segment_stream;
@@ -276,7 +262,7 @@ void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
                   "segment allocation during a capture: not with cross_stream_wait (the segment "
                   "could wait for another stream that the graph is not ordered after)");
     }
-    const AlwaysRelaxed relaxed;
+    const RelaxedCaptureMode relaxed(true);
     const CaptureNotice notice(CaptureMode::relaxed);
     cudaStream_t quiet = nullptr;
     {
@@ -295,6 +281,21 @@ void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
     throw;
   }
   return ptr;
+}
+
+// An allocation entry point's result: null on failure, the reason in last_error.
+void* null_on_failure(void* (*allocate_with)(ssize_t, int, cudaStream_t), ssize_t size, int device,
+                      cudaStream_t stream) noexcept {
+  try {
+    return allocate_with(size, device, stream);
+  } catch (const Error& e) {
+    fail(e.what(), e.errc() == Errc::out_of_memory);
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("streampool: allocation failed");
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -317,16 +318,7 @@ using namespace streampool::torch_layer;
 extern "C" {
 
 void* streampool_torch_alloc(ssize_t size, int device, cudaStream_t stream) {
-  try {
-    return allocate(size, device, stream);
-  } catch (const Error& e) {
-    fail(e.what(), e.errc() == Errc::out_of_memory);
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("streampool: allocation failed");
-  }
-  return nullptr;
+  return null_on_failure(allocate, size, device, stream);
 }
 
 void* streampool_torch_alloc_or_throw(ssize_t size, int device, cudaStream_t stream) {
@@ -362,16 +354,7 @@ void streampool_torch_free(void* ptr, ssize_t /*size*/, int device, cudaStream_t
 }
 
 void* streampool_torch_segment_alloc(ssize_t size, int device, cudaStream_t stream) {
-  try {
-    return allocate_segment(size, device, stream);
-  } catch (const Error& e) {
-    fail(e.what(), e.errc() == Errc::out_of_memory);
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("streampool: segment allocation failed");
-  }
-  return nullptr;
+  return null_on_failure(allocate_segment, size, device, stream);
 }
 
 void streampool_torch_segment_free(void* ptr, ssize_t /*size*/, int device,
