@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -248,33 +249,35 @@ void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
   CaptureStatus status = CaptureStatus::none;
   throw_on_cuda_error(d.pool.device().capture_info(stream, &status, nullptr),
                       "segment allocation: cudaStreamGetCaptureInfo");
-  void* ptr = nullptr;
-  if (status != CaptureStatus::active) {
-    ptr = allocate(size, device, stream);
-  } else {
-    // Inside a capture PyTorch began: the segment is the graph's private pool's, which PyTorch's
-    // cache keeps until it releases that pool, after the graph. It is allocated on a stream with
-    // no work, so that it is clean (a range that stream waited for would be safe only after it:
-    // hence no cross_stream_wait), in relaxed mode and with the capture noticed, so that the pool
-    // makes no call that the capture refuses.
+  // Inside a capture PyTorch began: the segment is the graph's private pool's, which PyTorch's
+  // cache keeps until it releases that pool, after the graph. It is allocated on a stream with
+  // no work, so that it is clean (a range that stream waited for would be safe only after it:
+  // hence no cross_stream_wait), in relaxed mode and with the capture noticed, so that the pool
+  // makes no call that the capture refuses, up to the end of this function (a drop on the
+  // failure path below included).
+  std::optional<RelaxedCaptureMode> relaxed;
+  std::optional<CaptureNotice> notice;
+  cudaStream_t on = stream;
+  if (status == CaptureStatus::active) {
     if (d.pool.options().cross_stream_wait) {
       throw Error(Errc::invalid_value,
                   "segment allocation during a capture: not with cross_stream_wait (the segment "
                   "could wait for another stream that the graph is not ordered after)");
     }
-    const RelaxedCaptureMode relaxed(true);
-    const CaptureNotice notice(CaptureMode::relaxed);
-    cudaStream_t quiet = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(d.graphs_mutex);
-      quiet = segment_stream_of(d);
-    }
-    ptr = allocate(size, device, quiet);  // takes graphs_mutex itself when a capture is prepared
+    relaxed.emplace(true);
+    notice.emplace(CaptureMode::relaxed);
+    std::lock_guard<std::mutex> lock(d.graphs_mutex);
+    on = segment_stream_of(d);
   }
+  void* ptr = allocate(size, device, on);  // takes graphs_mutex itself when a capture is prepared
   if (ptr == nullptr) return nullptr;
   try {
     std::lock_guard<std::mutex> lock(d.graphs_mutex);
-    d.released_segments.reserve(d.released_segments.size() + d.live_segments + 1);
+    // Room for every live segment in the list of those whose free waits for a trim, so that a
+    // free never needs host memory (geometrically: this runs once per segment).
+    std::vector<Buffer>& list = d.released_segments;
+    const std::size_t need = list.size() + d.live_segments + 1;
+    if (need > list.capacity()) list.reserve(std::max(need, 2 * list.capacity()));
     ++d.live_segments;
   } catch (...) {
     Buffer unused = take(ptr, device);  // never handed out: nothing used it
@@ -363,29 +366,25 @@ void streampool_torch_segment_free(void* ptr, ssize_t /*size*/, int device,
   DevicePool* d = existing(device);
   if (d == nullptr) return;
   try {
-    Buffer buffer = take(ptr, device);
-    if (buffer.is_empty()) return;
     // PyTorch frees a segment when it empties its cache, after waiting for its own events of the
     // segment's blocks, and counts on cudaFree to wait for the rest (a graph's replays among
     // them): so the device is synchronized before the segment goes back to the pool. During a
-    // capture of route 1 that would break the capture: then at the next trim.
-    bool now = false;
-    {
-      std::lock_guard<std::mutex> lock(d->graphs_mutex);
-      if (d->live_segments > 0) --d->live_segments;
-      now = captures_under_way.load(std::memory_order_acquire) == 0;
-      if (!now) d->released_segments.push_back(std::move(buffer));  // room reserved
-    }
-    if (!now) return;
-    if (d->pool.device().device_synchronize() == cudaSuccess) {
-      buffer.reset();
-      return;
-    }
+    // capture of route 1 that would break the capture: then at the next trim. The mutex is held
+    // across the check and the synchronize, so that no capture of route 1 begins in between
+    // (begin_allocate_to_pool counts it under the same mutex).
     std::lock_guard<std::mutex> lock(d->graphs_mutex);
-    d->released_segments.push_back(std::move(buffer));  // room reserved
-    fail("segment free: cudaDeviceSynchronize failed; the segment waits for the next trim");
+    Buffer buffer = take(ptr, device);
+    if (buffer.is_empty()) return;
+    const bool idle = captures_under_way.load(std::memory_order_acquire) == 0 &&
+                      d->pool.device().device_synchronize() == cudaSuccess;
+    if (idle) {
+      buffer.reset();
+    } else {
+      d->released_segments.push_back(std::move(buffer));  // room reserved: no allocation
+    }
+    if (d->live_segments > 0) --d->live_segments;
   } catch (const std::exception& e) {
-    fail(e.what());  // the segment stays out of reuse: never early
+    fail(e.what());  // before the segment was taken: it stays out of reuse, never early
   }
 }
 
@@ -448,6 +447,9 @@ int streampool_torch_get_stats(int device, streampool_torch_stats* out) {
 }
 
 int streampool_torch_trim(int device) {
+  // One trim at a time: each drops the deferred segments its own synchronize covered.
+  static std::mutex trimming;
+  std::lock_guard<std::mutex> one(trimming);
   if (captures_under_way.load(std::memory_order_acquire) != 0) {
     return fail("trim: skipped while a capture is under way");
   }
@@ -470,7 +472,6 @@ int streampool_torch_trim(int device) {
           if (status != cudaSuccess) throw Error(status, "trim: cudaDeviceSynchronize");
           std::lock_guard<std::mutex> lock(d->graphs_mutex);
           auto& list = d->released_segments;
-          waiting = std::min(waiting, list.size());  // a trim of another thread took some
           for (std::size_t k = 0; k < waiting; ++k) list[k].reset();
           list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(waiting));
         }
