@@ -28,6 +28,9 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
       wide ? std::vector<std::uint32_t>{base.large_shelf, base.large_shelf != 0 ? 0u : 4u}
            : std::vector<std::uint32_t>{base.large_shelf};
   std::vector<PoolOptions> grid{base};
+  const auto add = [&grid](const PoolOptions& o) {  // no configuration twice
+    if (std::find(grid.begin(), grid.end(), o) == grid.end()) grid.push_back(o);
+  };
   for (std::size_t l : largest) {
     for (unsigned p : per_doubling) {
       for (std::size_t r : rounding) {
@@ -41,7 +44,7 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
               o.segment_bytes = g;
               o.slab_bytes = b;
               o.large_shelf = k;
-              if (std::find(grid.begin(), grid.end(), o) == grid.end()) grid.push_back(o);
+              add(o);
             }
           }
         }
@@ -59,11 +62,11 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
   for (std::size_t m : mapping) {
     PoolOptions o = base;
     o.mapping_bytes = m;
-    if (std::find(grid.begin(), grid.end(), o) == grid.end()) grid.push_back(o);
+    add(o);
   }
   PoolOptions fixed = base;
   fixed.expandable_segments = !base.expandable_segments;
-  if (std::find(grid.begin(), grid.end(), fixed) == grid.end()) grid.push_back(fixed);
+  add(fixed);
   return grid;
 }
 

@@ -8,10 +8,11 @@
 // are, leaving holes that a later growth maps again. docs/design.md says why and what it measured.
 //
 // A growth maps one physical allocation (several past 1 GiB, or past PoolOptions::mapping_bytes
-// where that is set): one vm_create, vm_map and vm_set_access each. Holes change only under growth_mutex_ (growth, and release_free_segments,
-// which takes it too), so a plan made under the arena mutex stays valid while the device calls
-// run outside it; the free range before the hole may be taken meanwhile, in which case the
-// request (which looks again under the lock that fills the hole) grows once more.
+// where that is set): one vm_create, vm_map and vm_set_access each. Holes change only under
+// growth_mutex_ (growth, and release_free_segments, which takes it too), so a plan made under the
+// arena mutex stays valid while the device calls run outside it; the free range before the hole
+// may be taken meanwhile, in which case the request (which looks again under the lock that fills
+// the hole) grows once more.
 #include "large_tier.hpp"
 
 #include "pool_core.hpp"
