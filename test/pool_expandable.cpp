@@ -1,6 +1,7 @@
 // Expandable segments (PoolOptions::expandable_segments): the large tier on reservations of
 // addresses that physical memory is mapped into as needed, grown in place, unmapped by trim and
 // the out-of-memory ladder, and the fallback to cudaMalloc segments.
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/error.hpp>
@@ -384,6 +385,47 @@ TEST_CASE("threads growing at once each get the memory their growth mapped: no o
   for (std::thread& w : workers) w.join();
   CHECK(failures.load() == 0);
   CHECK(pool->stats().oom_retries == 0);
+}
+
+TEST_CASE("a growth gets its memory when the range before the hole is taken while it maps") {
+  // Under stream churn on the H200 the ladder ran twice in 300 s with ~135 GiB free: a growth
+  // maps what the free range before the hole lacks, outside the arena's mutex, and another
+  // thread may take that range meanwhile; the growth then looks again, too small, and grows
+  // again. Here another stream takes it before every vm_map.
+  HookedPool pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto first = Bytes::alloc_async(*pool, 3 * MiB, a);  // 4 MiB mapped: 1 MiB free after it
+  std::vector<Bytes> taken;
+  int steals = 0;
+  std::function<void()> steal = [&] {
+    // The one free range is the one before the hole: b takes it whole, as a thread whose
+    // request fits it would.
+    const auto bytes = static_cast<std::size_t>(pool->breakdown().free_clean_bytes);
+    if (bytes != 0) taken.push_back(Bytes::alloc_async(*pool, bytes, b));
+    if (++steals < 8) pool.device->before_next(Call::vm_map, steal);
+  };
+  pool.device->before_next(Call::vm_map, steal);
+  std::error_code error;
+  auto second = Bytes::try_alloc_async(*pool, 9 * MiB, a, error);
+  pool.device->run_unfired();
+  REQUIRE_FALSE(second.is_empty());
+  CHECK(!error);
+  CHECK(steals >= 2);
+  CHECK(pool->stats().oom_retries == 0);
+  CHECK(fake.calls(Call::device_synchronize) == 0);  // the ladder's step 2 never ran
+  // No two buffers overlap.
+  std::vector<std::pair<const std::byte*, std::size_t>> spans{{first.data(), first.byte_size()},
+                                                              {second.data(), second.byte_size()}};
+  for (const Bytes& t : taken) spans.emplace_back(t.data(), t.byte_size());
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    for (std::size_t j = i + 1; j < spans.size(); ++j) {
+      const bool apart = spans[i].first + spans[i].second <= spans[j].first ||
+                         spans[j].first + spans[j].second <= spans[i].first;
+      CHECK(apart);
+    }
+  }
 }
 
 TEST_CASE("nvtx_memory keeps cudaMalloc's segments: its layer registers those with "

@@ -12,7 +12,7 @@
 // growth_mutex_ (growth, and release_free_segments, which takes it too), so a plan made under the
 // arena mutex stays valid while the device calls run outside it; the free range before the hole
 // may be taken meanwhile, in which case the request (which looks again under the lock that fills
-// the hole) grows once more.
+// the hole) grows once more, by the whole request.
 #include "large_tier.hpp"
 
 #include "pool_core.hpp"
@@ -68,7 +68,7 @@ bool LargeTier::expandable() noexcept {
   return vm_ == Vm::on;
 }
 
-LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded) noexcept {
+LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool alone) noexcept {
   // The free range just before a hole counts when the request may take it with what is mapped
   // after it: a clean one, or s's own (extend_own then joins them).
   const auto usable_before = [&](const Block* hole) -> std::size_t {
@@ -84,7 +84,7 @@ LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded) noex
     if (!segment->expandable) continue;
     for (Block* r = segment->first; r != nullptr; r = r->after) {
       if (!r->hole) continue;
-      const std::size_t before = usable_before(r);
+      const std::size_t before = alone ? 0 : usable_before(r);
       std::size_t bytes = round_up(before < rounded ? rounded - before : 1, granule_);
       if (bytes > r->size) bytes = round_up(rounded, granule_);  // the hole alone, if it can
       if (bytes > r->size) continue;
@@ -227,14 +227,15 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
 
 Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                               Failure& error) noexcept {
+  bool lost = false;  // another thread took the range the last plan extended
   for (int attempt = 0; attempt < growth_attempts; ++attempt) {
     Plan plan;
     Block* rest = nullptr;
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      plan = plan_growth(s, rounded);
-      if (give_back_for(plan)) plan = plan_growth(s, rounded);
+      plan = plan_growth(s, rounded, lost);
+      if (give_back_for(plan)) plan = plan_growth(s, rounded, lost);
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
@@ -280,6 +281,10 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     if (!mappings.empty() && grew != nullptr) *grew = true;
     if (!mapped) return nullptr;
     if (range != nullptr) return range;
+    // What it mapped joined nothing large enough: the free range before the hole was taken
+    // meanwhile. Mapping the whole request next time cannot lose the same way (under churn on
+    // the H200, growths that extended again lost again and ran the out-of-memory ladder).
+    lost = true;
   }
   error = Errc::out_of_memory;
   return nullptr;

@@ -146,7 +146,9 @@ class LargeTier {
   std::size_t mapping_limit() const noexcept;  // the bytes of one mapping, at most
   Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                      Failure& error) noexcept;  // [growth_mutex_]
-  Plan plan_growth(StreamState* s, std::size_t rounded) noexcept;  // [mutex_]
+  // `alone`: map the whole request at a hole, extending nothing (after another thread took the
+  // range a plan extended).
+  Plan plan_growth(StreamState* s, std::size_t rounded, bool alone) noexcept;  // [mutex_]
   bool reserve(std::size_t rounded, Failure& error) noexcept;     // [growth_mutex_]
   // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`. [growth_mutex_]
   bool map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept;
