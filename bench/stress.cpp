@@ -126,6 +126,7 @@ struct Workload {
   std::uint64_t seed = 0;
   bool release_before_renew = false;  // StreamChecks::none: the contract asks for release_stream
   std::uint64_t max_in_flight = 0;    // StressOptions::max_in_flight
+  bool mark_drops = false;            // StressOptions::mark_drops
 
   static Workload make(const StressOptions& options, unsigned threads, const PoolOptions& pool) {
     Workload w;
@@ -137,6 +138,7 @@ struct Workload {
     w.seed = options.seed;
     w.release_before_renew = pool.stream_checks == StreamChecks::none;
     w.max_in_flight = options.max_in_flight;
+    w.mark_drops = options.mark_drops;
     return w;
   }
 
@@ -201,6 +203,7 @@ void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workloa
       started = Clock::now();
       buffer.reset();  // both kernels may still run
       if (timed) me.drop_ns.push_back(nanoseconds_since(started));
+      if (workload.mark_drops) lane.mark_first();
       shared.count_drop(bytes);
       me.buffers.store(i + 1, std::memory_order_relaxed);
 
@@ -250,6 +253,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   result.threads = threads;
   result.churn = options.churn;
   result.max_in_flight = options.max_in_flight;
+  result.mark_drops = options.mark_drops;
   result.streams_alive = std::int64_t{2} * threads;
   result.stats_granule = pool_options.stats_granule;
   result.window_seconds = window_seconds(options.seconds);
@@ -435,6 +439,9 @@ void add_stress_options(CLI::App& app, StressOptions& o) {
                  "completed (0: never; the thread runs as far ahead of the GPU as its launch queue "
                  "lets it, and memory waiting for fences grows with that backlog)")
       ->check(whole_number(0, any))->capture_default_str();
+  app.add_flag("--mark-drops", o.mark_drops,
+               "after each drop the thread records an event of its own on the first stream (GPU "
+               "only): the events fence_every_free adds to the GPU's queues, without its fences");
 }
 
 void check_stress_options(StressOptions& o) {
@@ -584,12 +591,12 @@ std::vector<StressResult> run_stress(const StressOptions& options, std::ostream&
 Table stress_table(const StressResult& r) {
   Table t;
   t.title = fmt::format(
-      "stress [{}]: {}, {} thread{}, {}{}, {:.1f} s", r.label, r.target, r.threads,
+      "stress [{}]: {}, {} thread{}, {}{}{}, {:.1f} s", r.label, r.target, r.threads,
       r.threads == 1 ? "" : "s",
       r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
       r.max_in_flight ? fmt::format(", at most {} checks in flight", r.max_in_flight)
                       : std::string(),
-      r.seconds);
+      r.mark_drops ? ", an event recorded after every drop" : "", r.seconds);
   t.note = "STREAMPOOL_CONF=" + r.config;
   t.header = {"figure", "value"};
   const auto row = [&t](std::string name, std::string value) {

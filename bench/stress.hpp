@@ -49,6 +49,9 @@ struct StressOptions {
   // Before each allocation a thread waits while more than this many of its checks are not
   // complete, as an application bounds how far it runs ahead of the GPU; 0: never waits.
   std::uint64_t max_in_flight = 0;
+  // After each drop the lane records an event of its own on the first stream (GPU only): the
+  // events fence_every_free adds to the GPU's queues, without the fences (an experiment).
+  bool mark_drops = false;
   bool help = false;
 };
 
@@ -105,6 +108,7 @@ struct StressResult {
   unsigned threads = 0;
   std::uint64_t churn = 0;
   std::uint64_t max_in_flight = 0;  // StressOptions::max_in_flight
+  bool mark_drops = false;          // StressOptions::mark_drops
   double seconds = 0;  // measured from start to stop
   std::uint64_t buffers = 0;
   PoolStats stats;  // at the end, all work complete, before the pool went

@@ -95,6 +95,8 @@ class GpuLane final : public StressLane {
               "cudaStreamCreateWithFlags");
       checked(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming),
               "cudaEventCreateWithFlags");
+      checked(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming),
+              "cudaEventCreateWithFlags");
       void* counter = nullptr;
       checked(cudaMalloc(&counter, 2 * sizeof(unsigned long long)), "cudaMalloc (counters)");
       mismatches_ = static_cast<unsigned long long*>(counter);
@@ -126,6 +128,8 @@ class GpuLane final : public StressLane {
     spin_then_write_tag<<<blocks_for(words), block_threads, 0, first_>>>(data, words, tag, spin_ns);
     checked(cudaGetLastError(), "launch of spin_then_write_tag");
   }
+
+  void mark_first() override { checked(cudaEventRecord(mark_, first_), "cudaEventRecord"); }
 
   void check_tag(const unsigned* data, std::size_t words, std::uint32_t tag,
                  bool on_second) override {
@@ -170,6 +174,7 @@ class GpuLane final : public StressLane {
   cudaStream_t first_ = nullptr;
   cudaStream_t second_ = nullptr;
   cudaEvent_t order_ = nullptr;
+  cudaEvent_t mark_ = nullptr;  // mark_first()'s
   unsigned long long* mismatches_ = nullptr;  // device: [0] mismatches, [1] completed checks
   unsigned long long* completed_ = nullptr;  // host memory, mapped: written by the checks
   std::uint64_t launched_checks_ = 0;
@@ -181,11 +186,12 @@ class GpuLane final : public StressLane {
     if (completed_ != nullptr) static_cast<void>(cudaFreeHost(completed_));
     completed_ = nullptr;
     if (order_ != nullptr) static_cast<void>(cudaEventDestroy(order_));
+    if (mark_ != nullptr) static_cast<void>(cudaEventDestroy(mark_));
     for (cudaStream_t s : {first_, second_}) {
       if (s != nullptr) static_cast<void>(cudaStreamDestroy(s));
     }
     mismatches_ = nullptr;
-    order_ = nullptr;
+    order_ = mark_ = nullptr;
     first_ = second_ = nullptr;
   }
 };

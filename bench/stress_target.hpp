@@ -45,6 +45,10 @@ class StressLane {
   // Destroys first() and creates a new stream in its place (CUDA, and the fake, usually give it
   // the old handle). Every buffer used on first() must have been dropped.
   virtual void renew_first() = 0;
+  // Records an event of the lane's own on first(), which nothing waits for (stress --mark-drops:
+  // the GPU's queues get the events fence_every_free records, the pool none of its fences). The
+  // fake device has no queues to schedule: a no-op there.
+  virtual void mark_first() {}
   // Waits for all of the lane's work and returns the mismatches its checks counted.
   virtual std::uint64_t finish() = 0;
   // Check kernels launched so far whose work has not completed: how far the lane's thread runs

@@ -27,12 +27,14 @@ TEST_CASE("stress options: defaults, every option, and --config repeated", "[str
     CHECK(o.seed == 1);
     CHECK(o.max_growth == 0);
     CHECK(o.max_in_flight == 0);
+    CHECK_FALSE(o.mark_drops);
     CHECK_FALSE(o.help);
   }
   SECTION("every option takes its value") {
     const StressOptions o =
         parse({"--seconds", "2.5", "--threads", "3", "--churn", "64", "--fake", "--out", "dir",
-               "--interval", "0.5", "--seed", "7", "--max-growth", "1.5", "--max-in-flight", "16"});
+               "--interval", "0.5", "--seed", "7", "--max-growth", "1.5", "--max-in-flight", "16",
+               "--mark-drops"});
     CHECK(o.seconds == 2.5);
     CHECK(o.threads == 3);
     CHECK(o.churn == 64);
@@ -42,6 +44,7 @@ TEST_CASE("stress options: defaults, every option, and --config repeated", "[str
     CHECK(o.seed == 7);
     CHECK(o.max_growth == 1.5);
     CHECK(o.max_in_flight == 16);
+    CHECK(o.mark_drops);
   }
   SECTION("each --config adds a configuration, in order; \"\" stands for the defaults") {
     const StressOptions o = parse({"--config", "", "--config", "fence_every_free=true"});

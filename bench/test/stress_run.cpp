@@ -179,4 +179,22 @@ TEST_CASE("a bound on checks in flight keeps each thread within that many of its
   // Sampled just after the iteration's check was launched: the one allowed before it, and itself.
   CHECK(r.in_flight.p99_ns <= 2);
   CHECK_THAT(stress_table(r).title, Contains("at most 1 checks in flight"));
+  CHECK_FALSE(r.mark_drops);
+  CHECK_THAT(stress_table(r).title, !Contains("event recorded after every drop"));
+}
+
+TEST_CASE("--mark-drops is carried into the result and named in its title", "[stress][run]") {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 0.5;
+  options.threads = 1;
+  options.interval = 1;
+  options.mark_drops = true;
+  std::ostringstream log;
+  const std::vector<StressResult> results = run_stress(options, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 1);
+  CHECK(stress_failures(results.front(), 0).empty());
+  CHECK(results.front().mark_drops);
+  CHECK_THAT(stress_table(results.front()).title, Contains("an event recorded after every drop"));
 }
