@@ -121,6 +121,65 @@ TEST_CASE("in relaxed mode the pool grows during capture") {
   REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
 }
 
+TEST_CASE("with expandable segments a CapturePool grows during a capture of every mode, by "
+          "mapping into the pool's reservation") {
+  for (CaptureMode mode : all_modes) {
+    CAPTURE(static_cast<int>(mode));
+    auto options = test_options();
+    options.expandable_segments = true;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    {
+      auto first = Bytes::alloc_async(*pool, 3 * MiB, s);  // the reservation, before the capture
+    }
+    const auto reservations = fake.calls(FakeDevice::Call::vm_reserve);
+    const auto created = fake.calls(FakeDevice::Call::vm_create);
+    auto capture = std::make_shared<CapturePool>(*pool);  // nothing reserved
+    streampool::begin_capture_with_pool(capture, s, mode);
+    std::vector<Bytes> buffers;
+    for (int i = 0; i < 3; ++i) {
+      buffers.push_back(Bytes::alloc_async(*pool, 5 * MiB, s));
+      fake.launch(s, {{buffers.back().data(), buffers.back().byte_size(), true}});
+    }
+    CHECK(capture->reserved_bytes() >= 15 * MiB);
+    CHECK(fake.calls(FakeDevice::Call::vm_create) > created);  // mapped during the capture
+    CHECK(fake.calls(FakeDevice::Call::vm_reserve) == reservations);
+    CHECK(fake.calls(FakeDevice::Call::malloc) == 0);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::active);
+    buffers.clear();
+    CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
+    REQUIRE(graph.valid());
+    graph.launch(s);  // the captured writes run, each checked against the live allocations
+    graph.launch(s);
+    fake.complete_all();
+    CHECK(fake.hazards().empty());
+  }
+}
+
+TEST_CASE("during a capture that forbids cudaMalloc, a pool that has not grown yet makes no "
+          "reservation: the CapturePool is exhausted and the capture survives") {
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    CAPTURE(static_cast<int>(mode));
+    auto options = test_options();
+    options.expandable_segments = true;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t s = fake.create_stream();
+    auto capture = std::make_shared<CapturePool>(*pool);
+    streampool::begin_capture_with_pool(capture, s, mode);
+    std::error_code error;
+    auto refused = Bytes::try_alloc_async(*pool, 3 * MiB, s, error);
+    CHECK(refused.is_empty());
+    CHECK(error == Errc::capture_pool_exhausted);
+    CHECK(fake.calls(FakeDevice::Call::vm_reserve) == 0);
+    CHECK(fake.calls(FakeDevice::Call::vm_granularity) == 0);
+    CHECK(fake.calls(FakeDevice::Call::malloc) == 0);
+    REQUIRE(capture_status(fake, s) == CaptureStatus::active);
+    REQUIRE_NOTHROW(streampool::end_capture_with_pool(s, capture));
+  }
+}
+
 TEST_CASE("a sealed pool refuses allocations during capture, and the error reaches the caller") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
@@ -181,9 +240,11 @@ TEST_CASE("an allocation on a stream captured without a pool fails with capture_
 }
 
 TEST_CASE("no call CUDA refuses is made during capture, in any mode, even from other threads") {
+  for (const bool expandable : {false, true})
   for (CaptureMode mode : all_modes) {
-    CAPTURE(static_cast<int>(mode));
+    CAPTURE(expandable, static_cast<int>(mode));
     auto options = test_options();
+    options.expandable_segments = expandable;  // then the other thread grows by mapping
     options.fence_every_free = true;  // fences on every drop: they must avoid the capture
     PoolOnFake pool(options);
     FakeDevice& fake = pool.fake();
@@ -206,6 +267,7 @@ TEST_CASE("no call CUDA refuses is made during capture, in any mode, even from o
         auto y = Bytes::try_alloc_async(*pool, 1 << (10 + i % 10), elsewhere, error);
         if (mode == CaptureMode::global && !y.is_empty()) fake.launch(elsewhere);
         if (error) REQUIRE(error == Errc::capture_forbids_call);
+        if (expandable) REQUIRE_FALSE(error);  // the mappings are allowed in every mode
       }
     }).join();
     REQUIRE(capture_status(fake, s) == CaptureStatus::active);

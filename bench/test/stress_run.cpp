@@ -183,7 +183,7 @@ TEST_CASE("a bound on checks in flight keeps each thread within that many of its
   CHECK_THAT(stress_table(r).title, !Contains("event recorded after every drop"));
 }
 
-TEST_CASE("--mark-drops is carried into the result and named in its title", "[stress][run]") {
+TEST_CASE("stress with mark_drops carries it into the result and names it in the title", "[stress][run]") {
   StressOptions options;
   options.fake = true;
   options.seconds = 0.5;

@@ -32,7 +32,7 @@ int main() {
 
   // guide-begin capture
   auto capture = std::make_shared<streampool::CapturePool>(pool);
-  capture->reserve(std::size_t{1} << 20);  // a global-mode capture cannot grow the pool
+  capture->reserve(std::size_t{1} << 20);  // set aside before: nothing to grow in the capture
 
   auto weights = PooledBuffer<float>::alloc_async(pool, n, stream);  // made before the capture
   const float* w = weights.data();
@@ -59,17 +59,21 @@ int main() {
   expect(live() == 0, "the weights and the CapturePool's memory back to the pool");
 
   // guide-begin capture_refused
-  auto limited = std::make_shared<streampool::CapturePool>(pool);
+  streampool::PoolOptions no_vm;  // segments of cudaMalloc, as without virtual memory
+  no_vm.expandable_segments = false;
+  streampool::MemoryPool fixed(device, no_vm);
+  auto limited = std::make_shared<streampool::CapturePool>(fixed);
   limited->reserve(std::size_t{1} << 20);
   streampool::begin_capture_with_pool(limited, stream);
   std::error_code past_reserve;
-  auto big = PooledBuffer<std::byte>::try_alloc_async(pool, std::size_t{4} << 20, stream,
+  auto big = PooledBuffer<std::byte>::try_alloc_async(fixed, std::size_t{4} << 20, stream,
                                                       past_reserve);
   // Errc::capture_pool_exhausted: more than reserve() set aside, and growing would take a
-  // cudaMalloc, which CUDA refuses during a global-mode capture
+  // cudaMalloc, which CUDA refuses during a global-mode capture (`pool`, on virtual memory,
+  // would map more instead)
   limited->seal();
   std::error_code after_seal;
-  auto small = PooledBuffer<std::byte>::try_alloc_async(pool, 256, stream, after_seal);
+  auto small = PooledBuffer<std::byte>::try_alloc_async(fixed, 256, stream, after_seal);
   // Errc::capture_pool_sealed: a sealed CapturePool serves no new allocation
   auto unharmed = streampool::end_capture_with_pool(stream, limited);  // the capture goes on
   // guide-end
@@ -83,6 +87,7 @@ int main() {
   device->complete_all();
   streampool::complete_graph_releases();
   expect(live() == 0, "everything back to the pool");
+  expect(fixed.stats().live_allocations.current == 0, "everything back to the pool without VM");
 
   device->destroy_stream(stream);
   expect(device->hazards().empty(), "no hazard");

@@ -16,10 +16,12 @@
 //     pool's private lists, reusable later in the same capture on the same stream (stream order
 //     makes that safe). A buffer of the shared cache dropped during the capture on the captured
 //     stream is adopted by the pool: the graph may use it.
-//   - No call that CUDA refuses during the capture's mode is made: in global and thread-local
-//     mode the pool does not grow during capture. reserve(bytes) sets memory aside before;
-//     past it, an allocation during capture fails with Errc::capture_pool_exhausted. In relaxed
-//     mode the pool grows from the MemoryPool as needed.
+//   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
+//     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
+//     its expandable segments reserved at their first growth (the mapping calls are allowed in
+//     every mode), and in relaxed mode by cudaMalloc too. Otherwise (fixed segments, or no growth
+//     before the capture) reserve(bytes) sets memory aside before; past what it can get, an
+//     allocation during capture fails with Errc::capture_pool_exhausted.
 //   - When the last reference goes, every registered buffer is dropped in registration order, then
 //     the private memory goes back to the MemoryPool. CUDA forbids CUDA calls in a user object's
 //     destructor, so a release that comes from a graph is only queued there; the library

@@ -7,7 +7,7 @@
 namespace streampool::detail {
 namespace {
 constexpr std::size_t piece_alignment = 256;          // what cudaMalloc guarantees
-constexpr std::size_t growth = std::size_t{2} << 20;  // relaxed-mode growth step
+constexpr std::size_t growth = std::size_t{2} << 20;  // growth step during a capture
 }
 
 CaptureBinding::CaptureBinding(PoolCore& core) noexcept : core_(core) { core_.keep(); }
@@ -140,9 +140,9 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& erro
         return b;
       }
     }
-    // Out of private memory: grow only where CUDA allows a device allocation now.
-    const bool relaxed = capture().mode == CaptureMode::relaxed;
-    if (attempt == 1 || !relaxed || !calls_allowed(Restricted::malloc)) break;
+    // Out of private memory: grow where CUDA allows the pool's growth now - cudaMalloc (a relaxed
+    // capture), or, in any mode, mappings into the pool's expandable segments.
+    if (attempt == 1 || !core_.large().may_grow_now()) break;
     Failure grow_error;
     reserve(std::max(size, growth), grow_error);
     if (grow_error) {

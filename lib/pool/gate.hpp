@@ -38,6 +38,11 @@ enum class Restricted {
   stream_sync,   // cudaStreamSynchronize of a stream not capturing: likewise
   free,          // cudaFree: it synchronizes the device, so never during any capture
   device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
+  // cuMemCreate, cuMemMap, cuMemSetAccess (and cuMemUnmap, cuMemRelease of what a failed growth
+  // mapped): allowed during a capture of every mode, from any thread, and the capture stays
+  // active (the device contract, on the H200 too). Not the reservation of addresses, nor the
+  // granularity query: those were not probed, and the pool makes them as it makes cudaMalloc.
+  vm_map,
 };
 
 // Defined by the capture layer (capture_guard.cpp), over the captures begun through the library.

@@ -179,10 +179,15 @@ Block* LargeTier::find_locked(StreamState* s, std::size_t rounded, Need* had) no
   return cut(range, rounded);
 }
 
+bool LargeTier::may_grow_now() const noexcept {
+  return calls_allowed(Restricted::malloc) ||
+         (vm_.load(std::memory_order_acquire) == Vm::on && calls_allowed(Restricted::vm_map));
+}
+
 Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                        Failure& error) noexcept {
   if (grew != nullptr) *grew = false;
-  if (!calls_allowed(Restricted::malloc)) {
+  if (!may_grow_now()) {
     error = forbidden_now();
     return nullptr;
   }
@@ -190,13 +195,16 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
   std::lock_guard<std::mutex> growing(growth_mutex_);
   if (Block* range = find(s, rounded, had)) return range;
-  if (!calls_allowed(Restricted::malloc)) {  // a capture may have begun while this thread waited
+  // A capture may have begun while this thread waited. During one that forbids cudaMalloc, only
+  // mappings into a reservation made before (grow_mapped makes no new one then).
+  const bool may_malloc = calls_allowed(Restricted::malloc);
+  if (!may_grow_now()) {
     error = forbidden_now();
     return nullptr;
   }
-  if (expandable()) {
+  if (may_malloc ? expandable() : vm_ == Vm::on) {
     Block* range = grow_mapped(s, rounded, had, grew, error);
-    if (range != nullptr || vm_ == Vm::on) return range;
+    if (range != nullptr || vm_ == Vm::on || !may_malloc) return range;
     error.clear();  // the device turned out to lack virtual memory: segments as below
   }
   Device& device = pool_.device();

@@ -31,6 +31,7 @@
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -79,8 +80,13 @@ class LargeTier {
   // time, and each looks again (find()) once its turn comes: a segment another thread just added
   // may serve it. Fails (out_of_memory, or forbidden_now() when calls_allowed() forbids device
   // allocation) without touching the arena. `grew`, if given, says whether it did grow.
+  // While calls_allowed() forbids cudaMalloc (a capture), it still grows by mapping into the
+  // holes of a reservation made before, once the pool knows it has virtual memory.
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
               Failure& error) noexcept;
+  // Whether grow() may make device calls now: cudaMalloc allowed, or mappings into a known
+  // expandable segment (a CapturePool grows its private memory during a capture when this holds).
+  bool may_grow_now() const noexcept;
   // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
   // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they
   // count as the owner's unfenced bytes.
@@ -173,7 +179,7 @@ class LargeTier {
   std::set<Block*, BySize> clean_;
   std::set<Block*, ByOwner> owned_;
   std::vector<Block*> spare_;
-  Vm vm_ = Vm::unknown;      // [growth_mutex_]
+  std::atomic<Vm> vm_{Vm::unknown};  // written under growth_mutex_; may_grow_now() reads it
   std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
   std::vector<VmHandle> unreleased_;  // unmapped, but the device refused to release [mutex_]
 };
