@@ -80,6 +80,25 @@ TEST_CASE("captured kernels replay into pool memory after the caller dropped its
   REQUIRE(f.found() == 0);
 }
 
+TEST_CASE("a CapturePool with nothing reserved grows during a real global-mode capture by "
+          "mapping, and the graph replays into that memory", "[capture][gpu]") {
+  Fixture f;
+  {
+    // The pool's first growth, before the capture: its reservation of addresses.
+    auto first = PooledBuffer<std::uint32_t>::alloc_async(f.pool, 1 << 18, f.stream);
+  }
+  const auto reserved_before = f.pool.stats().reserved_bytes.current;
+  auto pool = std::make_shared<CapturePool>(f.pool);  // nothing reserved
+  std::uint32_t* data = nullptr;
+  CapturedGraph graph = capture_fill(f, pool, &data, 0x5eed5eedu);
+  REQUIRE(graph.valid());
+  REQUIRE(pool->reserved_bytes() >= words * sizeof(std::uint32_t));
+  REQUIRE(f.pool.stats().reserved_bytes.current > reserved_before);  // mapped in the capture
+  pool.reset();
+  for (int i = 0; i < 3; ++i) f.replay_and_check([&] { graph.launch(f.stream); }, data, 0x5eed5eedu);
+  REQUIRE(f.found() == 0);
+}
+
 TEST_CASE("a raw executable graph replays into live memory after its wrapper is gone",
           "[capture][gpu]") {
   Fixture f;
