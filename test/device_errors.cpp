@@ -137,6 +137,9 @@ TEST_CASE("an allocation whose cudaMalloc fails keeps CUDA's error and names cud
     const Error e = thrown_by([&] { pool->allocate(64 * MiB, s); });
     CHECK(e.errc() == Errc::out_of_memory);
     CHECK(e.cuda_error() == cudaErrorMemoryAllocation);
+    // The limit refused, not the device: the message says so, and names no device call.
+    CHECK_THAT(e.what(), Catch::Contains("max_reserved_bytes"));
+    CHECK_THAT(e.what(), !Catch::Contains("cudaMalloc"));
   }
 }
 

@@ -292,6 +292,30 @@ TEST_CASE("a failed virtual memory call is reported by name, and leaks nothing")
   }
 }
 
+TEST_CASE("memory whose release the device refused stays counted reserved until a later trim "
+          "releases it") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  {
+    auto keep = Bytes::alloc_async(*pool, 4 * MiB, a);   // the first mapping stays in use
+    auto big = Bytes::alloc_async(*pool, 20 * MiB, a);  // a mapping of its own
+  }
+  auto keep = Bytes::alloc_async(*pool, 4 * MiB, a);
+  fake.complete_all();
+  const std::int64_t before = reserved(*pool);
+  fake.fail_next(Call::vm_release, 2, cudaErrorInvalidValue);
+  pool->trim(0);
+  // Unmapped, but the device still holds the memory: it is still the pool's, and counted.
+  CHECK(fake.live_vm_handles() == 2);
+  CHECK(reserved(*pool) == before);
+  CHECK(static_cast<std::int64_t>(fake.live_bytes()) == reserved(*pool));
+  pool->trim(0);  // the device accepts now
+  CHECK(fake.live_vm_handles() == 1);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));
+  CHECK(static_cast<std::int64_t>(fake.live_bytes()) == reserved(*pool));
+}
+
 TEST_CASE("max_reserved_bytes limits the mapped memory") {
   auto options = vm_options();
   options.max_reserved_bytes = 8 * MiB;
@@ -303,6 +327,8 @@ TEST_CASE("max_reserved_bytes limits the mapped memory") {
     FAIL("past the limit");
   } catch (const Error& e) {
     CHECK(e.code() == Errc::out_of_memory);
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("max_reserved") != std::string::npos);
   }
   first.reset();
   auto third = Bytes::alloc_async(*pool, 8 * MiB, a);  // the freed memory, and 2 MiB more

@@ -38,11 +38,12 @@ constexpr int growth_attempts = 4;
 // PoolOptions::mapping_bytes, where set, is the size instead.
 constexpr std::size_t max_mapping = std::size_t{1} << 30;
 
-// A handle the device refused to release, kept to be tried again at the pool's destruction (lost,
-// with its memory the device's, only when even the list cannot grow).
-void keep_unreleased(std::vector<VmHandle>& unreleased, VmHandle handle) noexcept {
+// A mapping whose handle the device refused to release, once unmapped: its memory is still the
+// pool's (counted reserved), tried again at each trim and at the pool's destruction (lost, with
+// its memory the device's, only when even the list cannot grow).
+void keep_unreleased(std::vector<Mapping>& unreleased, const Mapping& mapping) noexcept {
   try {
-    unreleased.push_back(handle);
+    unreleased.push_back(mapping);
   } catch (const std::bad_alloc&) {
   }
 }
@@ -339,11 +340,11 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
       ++i;
       continue;
     }
-    // Unmapped: the handle goes too (its memory returns now that nothing maps it); a release the
-    // device refuses leaves the memory with the device until the pool is destroyed.
-    if (device.vm_release(m.handle) != cudaSuccess && device.vm_release(m.handle) != cudaSuccess) {
-      keep_unreleased(unreleased_, m.handle);
-    }
+    // Unmapped: the handle goes too (its memory returns now that nothing maps it); one the device
+    // refuses to release stays the pool's, and counted, until a later try succeeds.
+    const bool handle_released =
+        device.vm_release(m.handle) == cudaSuccess || device.vm_release(m.handle) == cudaSuccess;
+    if (!handle_released) keep_unreleased(unreleased_, m);
     // r becomes [r->ptr, begin) clean + the hole [begin, end) + [end, ...) clean.
     unindex(r);
     const auto split = [&](Block* range, Block* piece, std::byte* at) {
@@ -375,10 +376,24 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     while (r->after != nullptr && r->after->hole) absorb_next(r);
     segment.mapped -= m.size;
     segment.mappings[i++].size = 0;  // erased below, all at once
-    pool_.count_device_free(m.size);
+    if (handle_released) pool_.count_device_free(m.size);
     released += m.size;
   }
   std::erase_if(segment.mappings, [](const Mapping& m) { return m.size == 0; });
+  return released;
+}
+
+std::size_t LargeTier::release_unreleased() noexcept {
+  Device& device = pool_.device();
+  std::size_t released = 0;
+  std::erase_if(unreleased_, [&](const Mapping& m) {
+    if (device.vm_release(m.handle) != cudaSuccess && device.vm_release(m.handle) != cudaSuccess) {
+      return false;
+    }
+    pool_.count_device_free(m.size);
+    released += m.size;
+    return true;
+  });
   return released;
 }
 
@@ -397,13 +412,12 @@ bool LargeTier::return_segment(Segment& segment) noexcept {
   std::erase_if(segment.mappings, [&](const Mapping& m) {
     std::byte* const at = segment.base + m.offset;
     if (!twice([&] { return device.vm_unmap(at, m.size); })) return false;
-    if (!twice([&] { return device.vm_release(m.handle); })) keep_unreleased(unreleased_, m.handle);
     segment.mapped -= m.size;
-    pool_.count_device_free(m.size);
+    if (twice([&] { return device.vm_release(m.handle); })) pool_.count_device_free(m.size);
+    else keep_unreleased(unreleased_, m);
     return true;
   });
-  std::erase_if(unreleased_,
-                [&](VmHandle h) { return twice([&] { return device.vm_release(h); }); });
+  release_unreleased();
   if (!segment.mappings.empty() ||
       !twice([&] { return device.vm_unreserve(segment.base, segment.size); })) {
     return false;

@@ -381,7 +381,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
   std::lock_guard<std::mutex> growing(growth_mutex_);  // holes change only under it
   std::lock_guard<std::mutex> lock(mutex_);
   Device& device = pool_.device();
-  std::size_t released = 0;
+  std::size_t released = release_unreleased();
   for (std::size_t i = 0; i < segments_.size();) {
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
     Segment& segment = *segments_[i];

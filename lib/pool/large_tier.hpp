@@ -107,6 +107,9 @@ class LargeTier {
   // Gives a segment's memory (and an expandable one's addresses) back to the device, each call
   // tried twice; true once all of it is back (its base is then null). [no other thread]
   bool return_segment(Segment& segment) noexcept;
+  // Tries again to release the handles the device refused (unreleased_), counting what goes back;
+  // the bytes released. [mutex_, or no other thread]
+  std::size_t release_unreleased() noexcept;
   // Adds the arena's part of a breakdown: segments, free ranges.
   void describe(PoolBreakdown& out) noexcept;
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).
@@ -181,7 +184,8 @@ class LargeTier {
   std::vector<Block*> spare_;
   std::atomic<Vm> vm_{Vm::unknown};  // written under growth_mutex_; may_grow_now() reads it
   std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
-  std::vector<VmHandle> unreleased_;  // unmapped, but the device refused to release [mutex_]
+  // Unmapped, but the device refused to release their handles: still counted reserved. [mutex_]
+  std::vector<Mapping> unreleased_;
 };
 
 }  // namespace streampool::detail

@@ -140,7 +140,14 @@ namespace detail {
 Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes,
                        cudaStream_t stream) {
   if (failure == Errc::out_of_memory) {
-    return error_of(failure, core.out_of_memory_message(bytes, stream));
+    std::string message = core.out_of_memory_message(bytes, stream);
+    // The limit refused the device call, not the device: naming that call would mislead. CUDA's
+    // value stays, as the limit answers what the device answers past its capacity.
+    if (core.past_reserved_limit(bytes)) {
+      return Error(failure.code, failure.cuda,
+                   message + ": the request would pass max_reserved_bytes");
+    }
+    return error_of(failure, std::move(message));
   }
   if (failure == Errc::invalid_value && failure.cuda == cudaSuccess) {
     return Error(failure.code, fmt::format("allocation of {} bytes: the size must be positive "

@@ -91,6 +91,9 @@ class PoolCore {
   PoolStats stats() const;
   PoolBreakdown breakdown();
   std::string out_of_memory_message(std::size_t bytes, cudaStream_t stream);
+  // Whether `bytes` more would pass max_reserved_bytes: then the limit refused the request, not
+  // the device.
+  bool past_reserved_limit(std::size_t bytes) const noexcept;
   // pool_core.cpp: the MemoryPool object is gone; destroy now, or when the last buffer or
   // keeper (keep()) goes.
   void orphan() noexcept;

@@ -302,6 +302,12 @@ void PoolCore::return_range(Block* range, std::vector<Need> needs) noexcept {
   settle(range, needs);
 }
 
+bool PoolCore::past_reserved_limit(std::size_t bytes) const noexcept {
+  const std::size_t limit = options_.max_reserved_bytes;
+  const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, stats_reserved()));
+  return limit != 0 && (reserved >= limit || bytes > limit - reserved);
+}
+
 std::string PoolCore::out_of_memory_message(std::size_t bytes, cudaStream_t stream) {
   std::size_t device_free = 0;
   std::size_t device_total = 0;
