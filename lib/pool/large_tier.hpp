@@ -85,7 +85,7 @@ class LargeTier {
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
               Failure& error) noexcept;
   // Whether grow() may make device calls now: cudaMalloc allowed, or mappings into a known
-  // expandable segment (a CapturePool grows its private memory during a capture when this holds).
+  // expandable segment (the gate's layer grows memory it owns during a capture when this holds).
   bool may_grow_now() const noexcept;
   // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
   // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they
