@@ -38,6 +38,12 @@ constexpr int growth_attempts = 4;
 // PoolOptions::mapping_bytes, where set, is the size instead.
 constexpr std::size_t max_mapping = std::size_t{1} << 30;
 
+// A call given a second chance: true when either succeeded.
+template <class Call>
+bool twice(Call&& call) noexcept {
+  return call() == cudaSuccess || call() == cudaSuccess;
+}
+
 // A mapping whose handle the device refused to release, once unmapped: its memory is still the
 // pool's (counted reserved), tried again at each trim and at the pool's destruction (lost, with
 // its memory the device's, only when even the list cannot grow).
@@ -342,8 +348,7 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     }
     // Unmapped: the handle goes too (its memory returns now that nothing maps it); one the device
     // refuses to release stays the pool's, and counted, until a later try succeeds.
-    const bool handle_released =
-        device.vm_release(m.handle) == cudaSuccess || device.vm_release(m.handle) == cudaSuccess;
+    const bool handle_released = twice([&] { return device.vm_release(m.handle); });
     if (!handle_released) keep_unreleased(unreleased_, m);
     // r becomes [r->ptr, begin) clean + the hole [begin, end) + [end, ...) clean.
     unindex(r);
@@ -387,9 +392,7 @@ std::size_t LargeTier::release_unreleased() noexcept {
   Device& device = pool_.device();
   std::size_t released = 0;
   std::erase_if(unreleased_, [&](const Mapping& m) {
-    if (device.vm_release(m.handle) != cudaSuccess && device.vm_release(m.handle) != cudaSuccess) {
-      return false;
-    }
+    if (!twice([&] { return device.vm_release(m.handle); })) return false;
     pool_.count_device_free(m.size);
     released += m.size;
     return true;
@@ -408,7 +411,6 @@ bool LargeTier::return_segment(Segment& segment) noexcept {
     segment.base = nullptr;
     return true;
   }
-  const auto twice = [](auto&& call) { return call() == cudaSuccess || call() == cudaSuccess; };
   std::erase_if(segment.mappings, [&](const Mapping& m) {
     std::byte* const at = segment.base + m.offset;
     if (!twice([&] { return device.vm_unmap(at, m.size); })) return false;
