@@ -56,6 +56,17 @@ class ConfEnvironment {
 
 }  // namespace
 
+TEST_CASE("a SizeClassConfig made with no arguments has the pool's default size classes") {
+  // A program that builds its own (options.size_classes = {}; then sets one number) gets the
+  // defaults for the others, not a largest class 256 times the pool's.
+  const streampool::SizeClassConfig config{};
+  CHECK(config == streampool::PoolOptions{}.size_classes);
+  CHECK(config.smallest == 512);
+  CHECK(config.per_doubling == 4);
+  CHECK(config.largest == std::size_t{256} << 10);
+  CHECK(config.alignment == 256);
+}
+
 TEST_CASE("parse sets each key and leaves every other option as the base had it") {
   const PoolOptions base;
 

@@ -36,7 +36,7 @@ struct STREAMPOOL_API PoolOptions {
   // blocks of their class.
   // (The defaults are what `streampool-bench tune --wide` chose on the GPT-2, ResNet-50 and
   // two-stream traces recorded on the H200 with the embedded workloads: bench/results/h200.md.)
-  SizeClassConfig size_classes{512, 4, std::size_t{256} << 10, 256};
+  SizeClassConfig size_classes{};  // 512 B, 4 per doubling, up to 256 KiB, 256 B aligned
   // Small blocks are carved from slabs of about this size (at least one block; at most 1 GiB).
   std::size_t slab_bytes = std::size_t{1} << 20;
   // The large tier reserves device memory in segments of at least this size (at most 1 TiB) and

@@ -31,10 +31,11 @@
 
 namespace streampool {
 
+// The defaults are PoolOptions' (pool_options.hpp says where they come from).
 struct SizeClassConfig {
   std::size_t smallest = 512;
   unsigned per_doubling = 4;
-  std::size_t largest = std::size_t{64} << 20;
+  std::size_t largest = std::size_t{256} << 10;
   std::size_t alignment = 256;
 
   friend constexpr bool operator==(const SizeClassConfig&, const SizeClassConfig&) = default;
