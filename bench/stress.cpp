@@ -596,7 +596,7 @@ Table stress_table(const StressResult& r) {
       r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
       r.max_in_flight ? fmt::format(", at most {} checks in flight", r.max_in_flight)
                       : std::string(),
-      r.mark_drops ? ", an event recorded after every drop" : "", r.seconds);
+      r.mark_drops ? ", an event recorded after every drop (on a GPU)" : "", r.seconds);
   t.note = "STREAMPOOL_CONF=" + r.config;
   t.header = {"figure", "value"};
   const auto row = [&t](std::string name, std::string value) {

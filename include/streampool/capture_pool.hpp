@@ -18,9 +18,10 @@
 //     stream is adopted by the pool: the graph may use it.
 //   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
 //     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
-//     its expandable segments reserved at their first growth (the mapping calls are allowed in
-//     every mode), and in relaxed mode by cudaMalloc too. Otherwise (fixed segments, or no growth
-//     before the capture) reserve(bytes) sets memory aside before; past what it can get, an
+//     its expandable segments hold reserved (from the first growth until a trim gives an empty
+//     reservation back; the mapping calls are allowed in every mode), and by cudaMalloc where
+//     CUDA allows it (relaxed mode). Otherwise (fixed segments, or no reservation when the
+//     capture begins) reserve(bytes) sets memory aside before; past what it can get, an
 //     allocation during capture fails with Errc::capture_pool_exhausted.
 //   - When the last reference goes, every registered buffer is dropped in registration order, then
 //     the private memory goes back to the MemoryPool. CUDA forbids CUDA calls in a user object's

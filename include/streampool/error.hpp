@@ -21,7 +21,7 @@ enum class Errc {
   invalid_value,         // a bad argument: zero or overflowing size, unknown option, bad config
   out_of_memory,         // the device (or max_reserved_bytes) refused, after every reclaim step
   capture_pool_sealed,   // allocation during capture from a sealed CapturePool
-  capture_pool_exhausted,// allocation during capture beyond what CapturePool::reserve set aside
+  capture_pool_exhausted,// allocation during capture past the CapturePool's memory, not growable now
   capture_without_pool,  // allocation on a stream captured without begin_capture_with_pool
   capture_invalidated,   // the capture was invalidated (a forbidden call, or CUDA's own reasons)
   capture_mismatch,      // end_capture_with_pool on a stream/pool the capture did not begin with
@@ -46,7 +46,7 @@ class STREAMPOOL_API Error : public std::system_error {
   // "cudaMalloc of 1024 bytes: cudaErrorMemoryAllocation: out of memory".
   Error(cudaError_t status, const std::string& what);
   // The same with the library's own code for what failed (out_of_memory after every reclaim
-  // step, capture_pool_exhausted when a relaxed capture could not grow, ...), which need not be
+  // step, capture_pool_exhausted when a capture could not grow, ...), which need not be
   // the code CUDA's error maps to. With cudaSuccess, as Error(code, what).
   Error(Errc code, cudaError_t status, const std::string& what);
 

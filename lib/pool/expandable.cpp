@@ -241,8 +241,11 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      plan = plan_growth(s, rounded, lost);
-      if (give_back_for(plan)) plan = plan_growth(s, rounded, lost);
+      // No hole holds the whole request: extending is still better than a new reservation.
+      bool alone = lost;
+      plan = plan_growth(s, rounded, alone);
+      if (alone && plan.hole == nullptr) plan = plan_growth(s, rounded, alone = false);
+      if (give_back_for(plan)) plan = plan_growth(s, rounded, alone);
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {

@@ -40,8 +40,10 @@ enum class Restricted {
   device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
   // cuMemCreate, cuMemMap, cuMemSetAccess (and cuMemUnmap, cuMemRelease of what a failed growth
   // mapped): allowed during a capture of every mode, from any thread, and the capture stays
-  // active (the device contract, on the H200 too). Not the reservation of addresses, nor the
-  // granularity query: those were not probed, and the pool makes them as it makes cudaMalloc.
+  // active (the device contract asserts it, on the H200 too). Not the reservation of addresses
+  // nor the granularity query: the probes saw them allowed as well, but the contract does not
+  // assert them, and a reservation first asks cudaMemGetInfo, whose answer during a capture no
+  // result records; the pool makes them only where it makes cudaMalloc.
   vm_map,
 };
 

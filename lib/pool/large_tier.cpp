@@ -197,8 +197,9 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   if (Block* range = find(s, rounded, had)) return range;
   // A capture may have begun while this thread waited. During one that forbids cudaMalloc, only
   // mappings into a reservation made before (grow_mapped makes no new one then).
+  // Decided from one reading of the gate.
   const bool may_malloc = calls_allowed(Restricted::malloc);
-  if (!may_grow_now()) {
+  if (!may_malloc && !(vm_ == Vm::on && calls_allowed(Restricted::vm_map))) {
     error = forbidden_now();
     return nullptr;
   }
@@ -206,6 +207,10 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     Block* range = grow_mapped(s, rounded, had, grew, error);
     if (range != nullptr || vm_ == Vm::on || !may_malloc) return range;
     error.clear();  // the device turned out to lack virtual memory: segments as below
+    if (!calls_allowed(Restricted::malloc)) {  // a capture began during the mapping calls
+      error = forbidden_now();
+      return nullptr;
+    }
   }
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);

@@ -78,8 +78,9 @@ class LargeTier {
   Block* find(StreamState* s, std::size_t rounded, Need* had) noexcept;
   // A range of `rounded` bytes from a new segment, for `s` as find() says. Threads grow one at a
   // time, and each looks again (find()) once its turn comes: a segment another thread just added
-  // may serve it. Fails (out_of_memory, or forbidden_now() when calls_allowed() forbids device
-  // allocation) without touching the arena. `grew`, if given, says whether it did grow.
+  // may serve it. Fails with out_of_memory, or forbidden_now() when calls_allowed() forbids device
+  // allocation (what a failed growth mapped stays in the arena, free). `grew`, if given, says
+  // whether it did grow.
   // While calls_allowed() forbids cudaMalloc (a capture), it still grows by mapping into the
   // holes of a reservation made before, once the pool knows it has virtual memory.
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
