@@ -241,9 +241,9 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      // No hole holds the whole request: extending is still better than a new reservation.
       bool alone = lost;
       plan = plan_growth(s, rounded, alone);
+      // No hole holds the whole request: extending is still better than a new reservation.
       if (alone && plan.hole == nullptr) plan = plan_growth(s, rounded, alone = false);
       if (give_back_for(plan)) plan = plan_growth(s, rounded, alone);
       if (plan.hole != nullptr) {
