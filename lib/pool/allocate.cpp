@@ -81,7 +81,7 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
     s.lock.unlock();
     const GateStatus status = gate_status(*device_, stream);
     if (status.error != cudaSuccess) {
-      error = Failure::of(status.error, "cudaStreamGetCaptureInfo");
+      error = gate_status_failure(status);
       return nullptr;
     }
     if (status.capturing()) return allocate_gated(bytes, stream, status, error);

@@ -17,7 +17,7 @@ namespace streampool::detail {
 
 void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // Before the block is on any list, where another thread may take it and announce it live. A
-  // capture's piece was never announced (the layer above announced its range as held).
+  // gate-owned piece (keeper) was never announced (the layer above announced its range as held).
   if (b->keeper == nullptr) announce_dropped(b, stream);
   StreamState& s = *b->home;
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
@@ -65,7 +65,7 @@ void PoolCore::drop_slow(Block* b, cudaStream_t stream,
   const bool piece = b->keeper != nullptr;
   if (Gate* gate = gate_.load(std::memory_order_acquire);
       gate != nullptr && (piece || gate_engaged()) && gate->take_drop(b, stream, uses)) {
-    // Not a piece: a block the capture adopted, which its graph's replays may use.
+    // Not a piece: a block the gate's layer adopted, which work it owns may still use.
     if (!piece) announce_held(b);
     return;
   }

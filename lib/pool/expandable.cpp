@@ -149,7 +149,7 @@ bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Failure& error)
   const std::size_t chunk = mapping_limit();
   std::byte* const start = plan.hole->ptr;
   for (std::size_t done = 0; done < plan.bytes;) {
-    if (!calls_allowed(Restricted::vm_map)) {  // allowed in every capture mode (gate.hpp)
+    if (!calls_allowed(Restricted::vm_map)) {  // never refused today (gate.hpp)
       error = forbidden_now();
       return false;
     }

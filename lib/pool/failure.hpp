@@ -1,4 +1,4 @@
-// Failure: why an operation of the pool or the capture layer failed, as it travels up to the
+// Failure: why an operation of the pool or the layer above it failed, as it travels up to the
 // public API. The library's code, and, when a device call caused it, which call and what CUDA
 // answered: the throwing API builds its Error from all three (Error::cuda_error() keeps CUDA's
 // value, the message names the call), the non-throwing API reports the code alone, in the one

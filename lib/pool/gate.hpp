@@ -71,6 +71,10 @@ inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
   s.error = device.capture_info(stream, &s.status, &s.id);
   return s;
 }
+// The failure of a status query that did not answer (status.error != cudaSuccess).
+inline Failure gate_status_failure(const GateStatus& status) noexcept {
+  return Failure::of(status.error, "cudaStreamGetCaptureInfo");
+}
 
 // The error of a request that needs a call a capture under way forbids.
 

@@ -195,7 +195,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
   std::lock_guard<std::mutex> growing(growth_mutex_);
   if (Block* range = find(s, rounded, had)) return range;
-  // A capture may have begun while this thread waited. During one that forbids cudaMalloc, only
+  // The gate may have changed while this thread waited. While it forbids cudaMalloc, only
   // mappings into a reservation made before (grow_mapped makes no new one then).
   // Decided from one reading of the gate.
   const bool may_malloc = calls_allowed(Restricted::malloc);
@@ -207,7 +207,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     Block* range = grow_mapped(s, rounded, had, grew, error);
     if (range != nullptr || vm_ == Vm::on || !may_malloc) return range;
     error.clear();  // the device turned out to lack virtual memory: segments as below
-    if (!calls_allowed(Restricted::malloc)) {  // a capture began during the mapping calls
+    if (!calls_allowed(Restricted::malloc)) {  // the gate changed during the mapping calls
       error = forbidden_now();
       return nullptr;
     }

@@ -81,12 +81,12 @@ class LargeTier {
   // may serve it. Fails with out_of_memory, or forbidden_now() when calls_allowed() forbids device
   // allocation (what a failed growth mapped stays in the arena, free). `grew`, if given, says
   // whether it did grow.
-  // While calls_allowed() forbids cudaMalloc (a capture), it still grows by mapping into the
+  // While calls_allowed() forbids cudaMalloc, it still grows by mapping into the
   // holes of a reservation made before, once the pool knows it has virtual memory.
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
               Failure& error) noexcept;
   // Whether grow() may make device calls now: cudaMalloc allowed, or mappings into a known
-  // expandable segment (the gate's layer grows memory it owns during a capture when this holds).
+  // expandable segment (the gate's layer grows the memory it owns when this holds).
   bool may_grow_now() const noexcept;
   // Back to the arena, owned as `need` says (no timeline: clean). Returns the bytes of clean
   // neighbours it absorbed while its need is uncovered: they now wait for that need too, so they

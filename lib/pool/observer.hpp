@@ -11,7 +11,7 @@
 //     allocation) before this free is recorded;
 //   - recorded_stream, releasing_stream: after the pool's own work on them succeeded.
 // All calls of one pool may come from many threads at once; an observer does its own locking.
-// None of them may make a device call (they run during captures too) or throw.
+// None of them may make a device call (they run where calls_allowed() forbids some) or throw.
 #pragma once
 
 #include <streampool/device.hpp>

@@ -145,7 +145,7 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
 bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   if (!calls_allowed(Restricted::device_sync)) return false;
   std::lock_guard<std::mutex> reclaimer(reclaim_mutex_);
-  // Asked again: a capture may have begun while this thread waited for the mutex.
+  // Asked again: the gate may have changed while this thread waited for the mutex.
   if (!calls_allowed(Restricted::device_sync)) return false;
   // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
   // before the fence are covered; blocks other threads drop meanwhile get later needs, which

@@ -34,12 +34,12 @@ StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& g
   StreamId id = 0;
   if constexpr (checks == StreamChecks::none) {
     key = reinterpret_cast<std::uintptr_t>(stream);
-    // A stream joined to a capture with a pool has a cached state with no gated bit: while the
+    // A stream the gate's layer joined to itself has a cached state with no gated bit: while the
     // gate is engaged anywhere, ask the status first, as the other strategies do.
     if (gate_engaged()) {
       gate = gate_status(pool_.device(), stream);
       if (gate.error != cudaSuccess) {
-        error = Failure::of(gate.error, "cudaStreamGetCaptureInfo");
+        error = gate_status_failure(gate);
         return {};
       }
       if (gate.capturing()) return {};
@@ -66,7 +66,7 @@ bool StreamRegistry::ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id,
   if (checks_ == StreamChecks::full || gate_engaged()) {
     gate = gate_status(device, stream);
     if (gate.error != cudaSuccess) {
-      error = Failure::of(gate.error, "cudaStreamGetCaptureInfo");
+      error = gate_status_failure(gate);
       return false;
     }
     if (gate.capturing()) return false;
