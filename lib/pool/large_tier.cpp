@@ -179,9 +179,12 @@ Block* LargeTier::find_locked(StreamState* s, std::size_t rounded, Need* had) no
   return cut(range, rounded);
 }
 
+bool LargeTier::may_map_now() const noexcept {
+  return vm_.load(std::memory_order_acquire) == Vm::on && calls_allowed(Restricted::vm_map);
+}
+
 bool LargeTier::may_grow_now() const noexcept {
-  return calls_allowed(Restricted::malloc) ||
-         (vm_.load(std::memory_order_acquire) == Vm::on && calls_allowed(Restricted::vm_map));
+  return calls_allowed(Restricted::malloc) || may_map_now();
 }
 
 Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
@@ -199,7 +202,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // mappings into a reservation made before (grow_mapped makes no new one then).
   // Decided from one reading of the gate.
   const bool may_malloc = calls_allowed(Restricted::malloc);
-  if (!may_malloc && !(vm_ == Vm::on && calls_allowed(Restricted::vm_map))) {
+  if (!may_malloc && !may_map_now()) {
     error = forbidden_now();
     return nullptr;
   }

@@ -154,6 +154,8 @@ class LargeTier {
   };
   bool expandable() noexcept;  // decided at the first growth [growth_mutex_]
   std::size_t mapping_limit() const noexcept;  // the bytes of one mapping, at most
+  // Mappings into a known expandable segment are possible now (may_grow_now's second half).
+  bool may_map_now() const noexcept;
   Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                      Failure& error) noexcept;  // [growth_mutex_]
   // `alone`: map the whole request at a hole, extending nothing (after another thread took the
