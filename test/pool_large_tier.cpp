@@ -130,3 +130,38 @@ TEST_CASE("what is left of a clean range taken with a stream's own stays clean f
   fake.complete_all();
   REQUIRE(fake.hazards().empty());
 }
+
+TEST_CASE("a stream gets back the range it dropped after another stream's use once that use is done") {
+  // One 48 MiB segment: s's 8 MiB input, which c uses too (record_stream), then s's live 1 MiB,
+  // then s's 32 MiB dropped with its work pending (s's own), then the clean 7 MiB rest. The input,
+  // dropped, waits for c's fence; once c's work is done, s asking for 8 MiB again must get it back
+  // where it was (it fits exactly), not a cut of its own 32 MiB, which would split a range it may
+  // ask for next while the input's place stays idle.
+  auto options = arena_options();
+  options.segment_bytes = 48 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  auto input = Bytes::alloc_async(*pool, 8 * MiB, s);
+  auto between = Bytes::alloc_async(*pool, 1 * MiB, s);
+  auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
+  std::byte* const place = input.data();
+  input.record_stream(c);
+  write_on(fake, c, input);
+  input.reset();
+  REQUIRE(pool->breakdown().parked_blocks == 1);
+  fake.complete_all();  // c's use is done: nothing but learning that keeps the input parked
+  write_on(fake, s, work);
+  work.reset();
+
+  auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
+  CHECK(next.data() == place);
+  CHECK(pool->stats().device_allocations == 1);
+  CHECK(pool->breakdown().parked_blocks == 0);
+  write_on(fake, s, next);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  REQUIRE(fake.hazards().empty());
+}

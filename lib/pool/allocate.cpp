@@ -130,6 +130,11 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
   // cut of one, s's own range extended) sees them as if there were no shelf.
   unshelve(s);
   const auto attempt = [&]() -> Block* {
+    // A parked range may be clean by now, where it was: a stream that dropped a range another
+    // stream used (record_stream), and asks for its size again, gets it back there rather than
+    // a cut of other memory that splits the ranges it will ask for next (the two-stream trace:
+    // 1.774 -> 1.031 reserved per requested byte on the fake device).
+    if (parked_large_.load(std::memory_order_relaxed) != 0) drain_parked();
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     // Before growing: the shelves go back (s's own ranges too: one may be cut to fit), parked
     // blocks may be clean by now, and other streams' ranges may be covered by fences that

@@ -1,6 +1,8 @@
 // The expensive invariant checks (STREAMPOOL_EXPENSIVE_ASSERT): each walks what it checks.
 #include "pool_core.hpp"
 
+#include <algorithm>
+
 namespace streampool::detail {
 
 bool PoolCore::consistent_state(StreamState& s) noexcept {
@@ -51,6 +53,14 @@ bool PoolCore::consistent() noexcept {
     const bool ok = consistent_state(*s);
     s->lock.unlock();
     if (!ok) return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    const auto large = std::count_if(parked_.begin(), parked_.end(),
+                                     [](const Parked& p) { return p.block->large; });
+    if (static_cast<std::size_t>(large) != parked_large_.load(std::memory_order_relaxed)) {
+      return false;
+    }
   }
   return small_.consistent() && large_.consistent();
 }

@@ -205,6 +205,11 @@ class PoolCore {
   void drain_parked() noexcept;
   // The same for the oldest few, by the fences already known to have completed: after a park.
   void drain_parked_front() noexcept;
+  // [parked_mutex_] A large range leaves parked_.
+  void unpark_large() noexcept {
+    parked_large_.store(parked_large_.load(std::memory_order_relaxed) - 1,
+                        std::memory_order_relaxed);
+  }
   // Blocks (small or large) that no pending work uses go back to their tier.
   void make_clean(const std::vector<Block*>& blocks) noexcept;
   // A block off every list with pending needs: clean, parked, or (one need) where it belongs.
@@ -336,6 +341,8 @@ class PoolCore {
 
   std::mutex parked_mutex_;
   std::deque<Parked> parked_;  // in the order the blocks parked
+  // How many of them are large ranges: written under parked_mutex_, read without it as a hint.
+  std::atomic<std::size_t> parked_large_{0};
 
   // The raw-pointer API: pointer -> block, sharded to keep threads apart.
   static constexpr unsigned raw_shards = 64;

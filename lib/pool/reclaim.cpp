@@ -67,6 +67,7 @@ void PoolCore::drain_parked() noexcept {
         try {
           clean.push_back(p.block);
           taken = true;
+          if (p.block->large) unpark_large();
         } catch (const std::bad_alloc&) {
         }
       }
