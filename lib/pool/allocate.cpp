@@ -134,7 +134,8 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     // stream used (record_stream), and asks for its size again, gets it back there rather than
     // a cut of other memory that splits the ranges it will ask for next (the two-stream trace:
     // 1.774 -> 1.031 reserved per requested byte on the fake device).
-    if (parked_large_.load(std::memory_order_relaxed) != 0) drain_parked();
+    const bool drained = parked_large_.load(std::memory_order_relaxed) != 0;
+    if (drained) drain_parked();
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     // Before growing: the shelves go back (s's own ranges too: one may be cut to fit), parked
     // blocks may be clean by now, and other streams' ranges may be covered by fences that
@@ -142,7 +143,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     if (unshelve_all()) {
       if (Block* range = large_.find(&s, rounded, &was)) return range;
     }
-    drain_parked();
+    if (!drained) drain_parked();  // (drained above: its fences were asked a moment ago)
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     // Neighbours that were kept apart (owned by different streams) may all be covered now; so

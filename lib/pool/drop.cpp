@@ -209,7 +209,7 @@ void PoolCore::drain_parked_front() noexcept {
       std::erase_if(p.needs, [](const Need& need) { return covered(need); });
       if (p.needs.empty()) {
         clean[n++] = p.block;
-        if (p.block->large) unpark_large();
+        if (p.block->large) count_parked_large(-1);
         parked_.pop_front();
         continue;
       }
@@ -237,8 +237,7 @@ void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
   try {
     std::lock_guard<std::mutex> lock(parked_mutex_);
     parked_.push_back({b, std::move(needs)});
-    if (b->large) parked_large_.store(parked_large_.load(std::memory_order_relaxed) + 1,
-                                      std::memory_order_relaxed);
+    if (b->large) count_parked_large(+1);
   } catch (const std::bad_alloc&) {
     // Cannot even remember the block: give it up rather than risk a race.
   }

@@ -205,9 +205,10 @@ class PoolCore {
   void drain_parked() noexcept;
   // The same for the oldest few, by the fences already known to have completed: after a park.
   void drain_parked_front() noexcept;
-  // [parked_mutex_] A large range leaves parked_.
-  void unpark_large() noexcept {
-    parked_large_.store(parked_large_.load(std::memory_order_relaxed) - 1,
+  // [parked_mutex_] A large range joins (+1) or leaves (-1) parked_.
+  void count_parked_large(int change) noexcept {
+    parked_large_.store(parked_large_.load(std::memory_order_relaxed) +
+                            static_cast<std::size_t>(change),
                         std::memory_order_relaxed);
   }
   // Blocks (small or large) that no pending work uses go back to their tier.

@@ -67,7 +67,7 @@ void PoolCore::drain_parked() noexcept {
         try {
           clean.push_back(p.block);
           taken = true;
-          if (p.block->large) unpark_large();
+          if (p.block->large) count_parked_large(-1);
         } catch (const std::bad_alloc&) {
         }
       }
