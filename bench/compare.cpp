@@ -219,7 +219,9 @@ Table handoff_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOpti
 Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<Trace>& traces) {
   Table table;
   table.title = "Trace replay: time per event and peak reserved memory";
-  table.note = "Every event of the trace in order, on its streams, with no kernels in between. "
+  table.note = "Every event of the trace in order, on its streams, with no kernels in between; "
+               "a free of a block another stream used is ordered after that use, as each "
+               "allocator's users order it (Peer::deallocate_after_use). "
                "Peak reserved over the trace's peak requested; n/a where the allocator cannot "
                "tell.";
   table.header = {"trace",         "allocator",           "ns per event", "failed allocations",
@@ -240,7 +242,12 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
           live[e.allocation] = peer->allocate(e.size, streams[e.stream]);
           failed += live[e.allocation] == nullptr;
         } else if (live[e.allocation] != nullptr) {
-          peer->deallocate(live[e.allocation], e.size, streams[e.stream]);
+          if (e.used_on == no_stream) {
+            peer->deallocate(live[e.allocation], e.size, streams[e.stream]);
+          } else {
+            peer->deallocate_after_use(live[e.allocation], e.size, streams[e.stream],
+                                       streams[e.used_on]);
+          }
           live[e.allocation] = nullptr;
         }
       }

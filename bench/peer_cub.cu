@@ -19,6 +19,9 @@ class CubPeer final : public Peer {
   void deallocate(void* p, std::size_t, cudaStream_t) override { allocator_.DeviceFree(p); }
   void release_cached() override { allocator_.FreeAllCached(); }
 
+ protected:
+  bool stream_ordered_free() const override { return false; }
+
  private:
   cub::CachingDeviceAllocator allocator_;
 };

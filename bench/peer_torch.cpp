@@ -28,6 +28,8 @@ class TorchPeer final : public Peer {
   }
   void release_cached() override { alloc::emptyCache(); }
 
+ protected:
+  bool stream_ordered_free() const override { return false; }
 };
 
 }  // namespace

@@ -6,8 +6,28 @@
 #include <streampool/pooled_buffer.hpp>
 
 #include <mutex>
+#include <stdexcept>
 
 namespace streampool::bench {
+
+Peer::~Peer() {
+  if (used_ != nullptr) cudaEventDestroy(used_);
+}
+
+void Peer::deallocate_after_use(void* ptr, std::size_t bytes, cudaStream_t own, cudaStream_t used) {
+  if (stream_ordered_free()) {
+    deallocate(ptr, bytes, used);
+    return;
+  }
+  if (used_ == nullptr && cudaEventCreateWithFlags(&used_, cudaEventDisableTiming) != cudaSuccess) {
+    throw std::runtime_error("cudaEventCreateWithFlags failed");
+  }
+  if (cudaEventRecord(used_, used) != cudaSuccess || cudaStreamWaitEvent(own, used_, 0) != cudaSuccess) {
+    throw std::runtime_error("cudaEventRecord or cudaStreamWaitEvent failed");
+  }
+  deallocate(ptr, bytes, own);
+}
+
 namespace {
 
 class CudaMallocPeer final : public Peer {

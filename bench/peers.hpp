@@ -16,12 +16,21 @@ namespace streampool::bench {
 
 class Peer {
  public:
-  virtual ~Peer() = default;
+  Peer() = default;
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+  virtual ~Peer();
   virtual std::string name() const = 0;
   // Stream-ordered allocate and free (blocking ones ignore the stream). allocate returns nullptr
   // on failure.
   virtual void* allocate(std::size_t bytes, cudaStream_t stream) = 0;
   virtual void deallocate(void* ptr, std::size_t bytes, cudaStream_t stream) = 0;
+  // The free of a block that stream `own` allocated and stream `used` used after it, as each
+  // peer's users write it: where the free is stream-ordered (cudaFreeAsync, streampool's raw
+  // API), on `used`; where it ignores the stream and the block stays `own`'s (PyTorch's
+  // raw_delete, CUB's DeviceFree), `own` first waits for `used` through an event (a PyTorch
+  // user would call record_stream, which the raw entry points lack).
+  void deallocate_after_use(void* ptr, std::size_t bytes, cudaStream_t own, cudaStream_t used);
   // Device memory the peer held at most since reset_peak (0 when the peer cannot tell).
   virtual std::uint64_t peak_reserved() { return 0; }
   virtual void reset_peak() {}
@@ -33,6 +42,13 @@ class Peer {
   virtual void pair(std::size_t bytes, cudaStream_t stream) {
     deallocate(allocate(bytes, stream), bytes, stream);
   }
+
+ protected:
+  // Whether deallocate orders the free after the work enqueued on the stream it is given.
+  virtual bool stream_ordered_free() const { return true; }
+
+ private:
+  cudaEvent_t used_ = nullptr;  // deallocate_after_use's, made at its first need
 };
 
 std::unique_ptr<Peer> make_cuda_malloc_peer();
