@@ -75,6 +75,7 @@ struct Inputs {
 struct Args {
   Inputs in;
   bool fake = false;
+  bool raw = false;   // replay: through MemoryPool::allocate and deallocate
   std::string timeline;
   bool wide = false;
   std::size_t top = 10;
@@ -184,6 +185,7 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
     ReplayOptions options;
     options.pool = settings.options;
     options.timeline_points = args.timeline.empty() ? 0 : timeline_stretches;
+    options.raw = args.raw;
     options.progress = progress_bar("replay " + trace.name);
     reports.push_back(replay(trace, target, options));
   }
@@ -389,6 +391,10 @@ int bench_main(std::vector<std::string> args, std::ostream& out, std::ostream& e
                 "an allocation failed");
   add_inputs(*replay_cmd, a.in, true);
   replay_cmd->add_flag("--fake", a.fake, "replay on the fake device even where there is a GPU");
+  replay_cmd->add_flag("--raw", a.raw,
+                       "through MemoryPool::allocate and deallocate (a free of a block another "
+                       "stream used is a deallocate on that stream, as with cudaFreeAsync), not "
+                       "PooledBuffer and record_stream");
   replay_cmd->add_option("--timeline", a.timeline,
                          "write the first trace's reserved and requested bytes over its events "
                          "as SVG (the folder must exist)")

@@ -22,7 +22,8 @@ void Peer::deallocate_after_use(void* ptr, std::size_t bytes, cudaStream_t own, 
   if (used_ == nullptr && cudaEventCreateWithFlags(&used_, cudaEventDisableTiming) != cudaSuccess) {
     throw std::runtime_error("cudaEventCreateWithFlags failed");
   }
-  if (cudaEventRecord(used_, used) != cudaSuccess || cudaStreamWaitEvent(own, used_, 0) != cudaSuccess) {
+  if (cudaEventRecord(used_, used) != cudaSuccess ||
+      cudaStreamWaitEvent(own, used_, 0) != cudaSuccess) {
     throw std::runtime_error("cudaEventRecord or cudaStreamWaitEvent failed");
   }
   deallocate(ptr, bytes, own);

@@ -146,6 +146,8 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
   {
     MemoryPool pool(watch ? std::shared_ptr<Device>(watch) : target.device, pool_options);
     std::vector<PooledBuffer<std::byte>> live(trace.allocations);
+    std::vector<void*> raw_live(trace.allocations, nullptr);  // options.raw
+    std::vector<std::size_t> raw_bytes(trace.allocations, 0);
     std::unique_ptr<std::atomic<bool>[]> made(new std::atomic<bool>[trace.allocations]);
     for (std::uint64_t i = 0; i < trace.allocations; ++i) made[i].store(false);
     std::atomic<std::uint64_t> failed{0};
@@ -172,8 +174,13 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
         std::int64_t now = 0;
         if (e.kind == TraceEvent::Kind::alloc) {
           std::error_code error;
-          live[e.allocation] = PooledBuffer<std::byte>::try_alloc_async(
-              pool, e.size, streams[e.stream], error);
+          if (options.raw) {
+            raw_live[e.allocation] = pool.try_allocate(e.size, streams[e.stream], error);
+            raw_bytes[e.allocation] = e.size;
+          } else {
+            live[e.allocation] = PooledBuffer<std::byte>::try_alloc_async(
+                pool, e.size, streams[e.stream], error);
+          }
           now = requested.fetch_add(size) + size;
           std::int64_t seen = peak.load();
           while (now > seen && !peak.compare_exchange_weak(seen, now)) {
@@ -194,10 +201,16 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
           }
           now = requested.fetch_sub(size) - size;
           PooledBuffer<std::byte>& buffer = live[e.allocation];
-          if (!buffer.is_empty()) {
-            if (e.used_on != no_stream) buffer.record_stream(streams[e.used_on]);
+          void*& raw = raw_live[e.allocation];
+          if (!buffer.is_empty() || raw != nullptr) {
             served.fetch_sub(size);
             blocks.fetch_sub(static_cast<std::int64_t>(block_bytes(classes, pool_options, e.size)));
+          }
+          if (raw != nullptr) {
+            pool.deallocate(raw, e.size, streams[e.used_on != no_stream ? e.used_on : e.stream]);
+            raw = nullptr;
+          } else if (!buffer.is_empty()) {
+            if (e.used_on != no_stream) buffer.record_stream(streams[e.used_on]);
             buffer.reset();
           }
         }
@@ -250,6 +263,9 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
     report.oom_retries = stats.oom_retries;
     report.failed_allocations = failed.load();
     live.clear();
+    for (std::size_t i = 0; i < raw_live.size(); ++i) {
+      if (raw_live[i] != nullptr) pool.deallocate(raw_live[i], raw_bytes[i], streams.front());
+    }
     report.device_frees = pool.stats().device_frees;
   }
   for (cudaStream_t s : streams) target.destroy_stream(s);

@@ -80,11 +80,15 @@ struct ReplayOptions {
   // trace has one thread).
   std::size_t timeline_points = 0;
   std::function<void(double)> progress;  // called with the fraction done, now and then
+  // Through the raw API (MemoryPool::allocate, deallocate) instead of PooledBuffer: a free of a
+  // block another stream used is a deallocate on that stream (as with cudaFreeAsync).
+  bool raw = false;
 };
 
 // Replays every event in order, on the trace's streams (one stream per recorded stream) and
 // threads (one thread per recorded thread, each keeping its own order; a free waits for its
-// allocation). A free whose block was used on another stream calls record_stream first.
+// allocation). A free whose block was used on another stream calls record_stream first (raw:
+// is a deallocate on that stream).
 // Throws std::runtime_error when a thread cannot be created (the threads already running are
 // stopped and joined first) or one of them fails.
 ReplayReport replay(const Trace& trace, const Target& target, const ReplayOptions& options);

@@ -15,12 +15,15 @@
 using namespace streampool::bench;
 
 TEST_CASE("a replay frees every allocation and reports the trace's own peak") {
+  // Through PooledBuffer and record_stream, and through the raw API (--raw).
+  const bool raw = GENERATE(false, true);
   for (const std::string& name : workload_names()) {
-    CAPTURE(name);
+    CAPTURE(name, raw);
     const Trace trace = make_workload(name, 3);
     const Target target = fake_target();
     ReplayOptions options;
     options.timeline_points = 50;
+    options.raw = raw;
     const ReplayReport report = replay(trace, target, options);
     REQUIRE(report.failed_allocations == 0);
     REQUIRE(report.peak_requested == trace.peak_requested());
