@@ -131,6 +131,36 @@ TEST_CASE("what is left of a clean range taken with a stream's own stays clean f
   REQUIRE(fake.hazards().empty());
 }
 
+TEST_CASE("a stream gets back the range another stream freed once that stream's fence completed") {
+  // As above, through the raw API: s's 8 MiB input is freed on c (as cudaFreeAsync allows), so it
+  // is c's own range, waiting for c's fence. Once c's work is done, s asking for 8 MiB again must
+  // get it back where it was, though nothing has learned yet that c's fence completed, not a cut
+  // of its own 32 MiB.
+  auto options = arena_options();
+  options.segment_bytes = 48 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  void* const input = pool->allocate(8 * MiB, s);
+  auto between = Bytes::alloc_async(*pool, 1 * MiB, s);
+  auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
+  fake.launch(c, {{input, 8 * MiB, true}});
+  pool->deallocate(input, 8 * MiB, c);
+  fake.complete_all();  // c's use is done: nothing but learning that keeps the input c's
+  write_on(fake, s, work);
+  work.reset();
+
+  auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
+  CHECK(next.data() == input);
+  CHECK(pool->stats().device_allocations == 1);
+  write_on(fake, s, next);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  REQUIRE(fake.hazards().empty());
+}
+
 TEST_CASE("a stream gets back the range it dropped after another stream's use once that use is done") {
   // One 48 MiB segment: s's 8 MiB input, which c uses too (record_stream), then s's live 1 MiB,
   // then s's 32 MiB dropped with its work pending (s's own), then the clean 7 MiB rest. The input,

@@ -158,6 +158,59 @@ Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexc
   return nullptr;
 }
 
+// Only a tight fit (at most 1/8 more than asked) of another stream's: a looser one is a cut of
+// memory that stream frees for itself, and the embedded pipeline workload, whose side stream's
+// requests would cut the compute stream's freed ranges, grew from 1.670 to 1.731 reserved per
+// requested byte with any fit taken, 1.718 with fits up to 1/2, 1.670 with 1/8 (fake device).
+Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
+  const Block* mine = best_fit(&s, rounded);
+  std::size_t best = mine != nullptr ? mine->size : SIZE_MAX;
+  Block* found = nullptr;
+  Block probe;
+  probe.size = rounded;
+  for (auto it = owned_.begin(); it != owned_.end();) {
+    const Timeline* owner = (*it)->need.timeline;
+    probe.need.timeline = owner;
+    if (owner != &s.timeline && owner->stream != nullptr) {
+      probe.size = rounded;
+      probe.ptr = nullptr;
+      const auto fit = owned_.lower_bound(&probe);
+      Block* range = fit != owned_.end() && (*fit)->need.timeline == owner ? *fit : nullptr;
+      if (range != nullptr && range->size < best && range->size - rounded <= rounded / 8) {
+        if (covered(range->need)) {
+          normalize(range);  // to the clean index, where best_fit finds it
+          best = range->size;
+          found = nullptr;
+        } else if (range->need.index < owner->recorded.load(std::memory_order_acquire)) {
+          best = range->size;
+          found = range;
+        }
+      }
+    }
+    // On to the next owner's ranges.
+    probe.size = SIZE_MAX;
+    probe.ptr = reinterpret_cast<std::byte*>(UINTPTR_MAX);
+    it = owned_.upper_bound(&probe);
+  }
+  return found;
+}
+
+void LargeTier::learn_tighter(StreamState& s, std::size_t rounded) noexcept {
+  StreamState* owner = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (owned_.empty()) return;
+    const Block* range = tighter_owned(s, rounded);
+    if (range == nullptr) return;
+    owner = range->need.timeline->stream;
+  }
+  owner->lock.lock();
+  pool_.refresh(*owner);
+  owner->lock.unlock();
+  std::lock_guard<std::mutex> lock(mutex_);
+  tighter_owned(s, rounded);  // moves the range to the clean index if its fence completed
+}
+
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   return find_locked(s, rounded, had);

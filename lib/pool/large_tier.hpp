@@ -94,6 +94,11 @@ class LargeTier {
   std::size_t put(Block* range, Need need) noexcept;
   void put_clean(const std::vector<Block*>& ranges) noexcept;
 
+  // Before s's request looks for `rounded` bytes: where another stream's own free range would
+  // fit it tightly, and more tightly than anything s may take now, learns whether that stream's
+  // fence completed, so that s gets it (clean) rather than a cut of a looser range. A block freed
+  // on another stream than its own (as cudaFreeAsync allows) comes back to its stream this way.
+  void learn_tighter(StreamState& s, std::size_t rounded) noexcept;
   // Before growing for `s`: learns which fences of other owners of free ranges completed, and
   // asks those with unfenced ranges for a fence.
   void ask_owners(StreamState& s) noexcept;
@@ -134,6 +139,10 @@ class LargeTier {
   Block* find_locked(StreamState* s, std::size_t rounded, Need* had) noexcept;
   Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
+  // The tightest fit among other streams' own ranges that is tighter than best_fit(s) and
+  // within 1/8 of `rounded`, fenced but not known covered; those met that are covered move to the
+  // clean index on the way.
+  Block* tighter_owned(StreamState& s, std::size_t rounded) noexcept;
   Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
   void sweep() noexcept;  // covered owned ranges to the clean index
   // `range` takes in the range after it, which is free and in no index.
