@@ -138,8 +138,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     if (drained) drain_parked();
     // So may another stream's own range, freed there (the raw API's cross-stream free: the
     // two-stream trace replayed through it, 1.608 -> 1.031 on the fake device).
-    large_.learn_tighter(s, rounded);
-    if (Block* range = large_.find(&s, rounded, &was)) return range;
+    if (Block* range = large_.find_tight(s, rounded, &was)) return range;
     // Before growing: the shelves go back (s's own ranges too: one may be cut to fit), parked
     // blocks may be clean by now, and other streams' ranges may be covered by fences that
     // completed, or could be by a fence they are asked for now.

@@ -163,11 +163,12 @@ Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexc
 // requests would cut the compute stream's freed ranges, grew from 1.670 to 1.731 reserved per
 // requested byte with any fit taken, 1.718 with fits up to 1/2, 1.670 with 1/8 (fake device).
 Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
+  const std::size_t tight = rounded + rounded / 8;
   const Block* mine = best_fit(&s, rounded);
+  if (owned_.empty() || (mine != nullptr && mine->size == rounded)) return nullptr;  // exact
   std::size_t best = mine != nullptr ? mine->size : SIZE_MAX;
   Block* found = nullptr;
   Block probe;
-  probe.size = rounded;
   for (auto it = owned_.begin(); it != owned_.end();) {
     const Timeline* owner = (*it)->need.timeline;
     probe.need.timeline = owner;
@@ -176,7 +177,7 @@ Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
       probe.ptr = nullptr;
       const auto fit = owned_.lower_bound(&probe);
       Block* range = fit != owned_.end() && (*fit)->need.timeline == owner ? *fit : nullptr;
-      if (range != nullptr && range->size < best && range->size - rounded <= rounded / 8) {
+      if (range != nullptr && range->size < best && range->size <= tight) {
         if (covered(range->need)) {
           normalize(range);  // to the clean index, where best_fit finds it
           best = range->size;
@@ -195,20 +196,20 @@ Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
   return found;
 }
 
-void LargeTier::learn_tighter(StreamState& s, std::size_t rounded) noexcept {
+Block* LargeTier::find_tight(StreamState& s, std::size_t rounded, Need* had) noexcept {
   StreamState* owner = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (owned_.empty()) return;
-    const Block* range = tighter_owned(s, rounded);
-    if (range == nullptr) return;
-    owner = range->need.timeline->stream;
+    const Block* other = tighter_owned(s, rounded);
+    if (other == nullptr) return find_locked(&s, rounded, had);
+    owner = other->need.timeline->stream;
   }
   owner->lock.lock();
   pool_.refresh(*owner);
   owner->lock.unlock();
   std::lock_guard<std::mutex> lock(mutex_);
   tighter_owned(s, rounded);  // moves the range to the clean index if its fence completed
+  return find_locked(&s, rounded, had);
 }
 
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {

@@ -94,11 +94,12 @@ class LargeTier {
   std::size_t put(Block* range, Need need) noexcept;
   void put_clean(const std::vector<Block*>& ranges) noexcept;
 
-  // Before s's request looks for `rounded` bytes: where another stream's own free range would
-  // fit it tightly, and more tightly than anything s may take now, learns whether that stream's
-  // fence completed, so that s gets it (clean) rather than a cut of a looser range. A block freed
-  // on another stream than its own (as cudaFreeAsync allows) comes back to its stream this way.
-  void learn_tighter(StreamState& s, std::size_t rounded) noexcept;
+  // find(&s, ...), but where another stream's own free range would fit the request tightly
+  // (within 1/8), and more tightly than anything s may take now, it first learns whether that
+  // stream's fence completed, so that s gets it (clean) rather than a cut of a looser range. A
+  // block freed on another stream than its own (as cudaFreeAsync allows) comes back to its stream
+  // this way. One arena lock when s has an exact fit or no other stream's fence needs learning.
+  Block* find_tight(StreamState& s, std::size_t rounded, Need* had) noexcept;
   // Before growing for `s`: learns which fences of other owners of free ranges completed, and
   // asks those with unfenced ranges for a fence.
   void ask_owners(StreamState& s) noexcept;
@@ -140,8 +141,8 @@ class LargeTier {
   Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
   // The tightest fit among other streams' own ranges that is tighter than best_fit(s) and
-  // within 1/8 of `rounded`, fenced but not known covered; those met that are covered move to the
-  // clean index on the way.
+  // within 1/8 of `rounded`, fenced but not known covered (null when best_fit(s) fits exactly);
+  // those met that are covered move to the clean index on the way.
   Block* tighter_owned(StreamState& s, std::size_t rounded) noexcept;
   Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
   void sweep() noexcept;  // covered owned ranges to the clean index
