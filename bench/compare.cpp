@@ -14,6 +14,7 @@
 #include <map>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 namespace streampool::bench {
 namespace {
@@ -221,7 +222,8 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
   table.title = "Trace replay: time per event and peak reserved memory";
   table.note = "Every event of the trace in order, on its streams, with no kernels in between; "
                "a free of a block another stream used is ordered after that use, as each "
-               "allocator's users order it (Peer::deallocate_after_use). "
+               "allocator's users order it (Peer::deallocate_after_use: for PyTorch and CUB, "
+               "an event recorded and waited on, counted in their time). "
                "Peak reserved over the trace's peak requested; n/a where the allocator cannot "
                "tell.";
   table.header = {"trace",         "allocator",           "ns per event", "failed allocations",
@@ -235,11 +237,14 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
       peer->release_cached();
       peer->reset_peak();
       std::vector<void*> live(trace.allocations, nullptr);
+      // Each allocation's size and stream, for the free of those the trace leaves live.
+      std::vector<std::pair<std::size_t, std::uint32_t>> made(trace.allocations);
       std::uint64_t failed = 0;
       const auto start = Clock::now();
       for (const TraceEvent& e : trace.events) {
         if (e.kind == TraceEvent::Kind::alloc) {
           live[e.allocation] = peer->allocate(e.size, streams[e.stream]);
+          made[e.allocation] = {e.size, e.stream};
           failed += live[e.allocation] == nullptr;
         } else if (live[e.allocation] != nullptr) {
           if (e.used_on == no_stream) {
@@ -254,7 +259,8 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
       cudaDeviceSynchronize();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       for (std::size_t i = 0; i < live.size(); ++i) {
-        if (live[i] != nullptr) peer->deallocate(live[i], 0, streams[0]);
+        if (live[i] == nullptr) continue;
+        peer->deallocate(live[i], made[i].first, streams[made[i].second]);
       }
       const std::uint64_t peak = peer->peak_reserved();
       table.rows.push_back(

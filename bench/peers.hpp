@@ -29,7 +29,8 @@ class Peer {
   // peer's users write it: where the free is stream-ordered (cudaFreeAsync, streampool's raw
   // API), on `used`; where it ignores the stream and the block stays `own`'s (PyTorch's
   // raw_delete, CUB's DeviceFree), `own` first waits for `used` through an event (a PyTorch
-  // user would call record_stream, which the raw entry points lack).
+  // user would call record_stream, which the raw entry points lack): one event, recorded again at
+  // each call, so from one thread at a time (compare's trace replay has one).
   void deallocate_after_use(void* ptr, std::size_t bytes, cudaStream_t own, cudaStream_t used);
   // Device memory the peer held at most since reset_peak (0 when the peer cannot tell).
   virtual std::uint64_t peak_reserved() { return 0; }

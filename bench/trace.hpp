@@ -44,7 +44,7 @@ struct TraceEvent {
   std::uint32_t thread;      // index into Trace::threads
   std::uint32_t stream;      // index into Trace::streams: where it is allocated (on a free too)
   // Frees only: another stream the block was used on (the replay calls record_stream with it
-  // before the drop), or no_stream. Set when a free names another stream than its allocation
+  // before the drop; replay --raw and compare free the block on it), or no_stream. Set when a free names another stream than its allocation
   // (RMM: deallocate on another stream; that stream goes here, `stream` stays the allocation's),
   // and, in a trace of exactly two streams, to the other stream when PyTorch completed the free
   // only after other events (or never, with events after it, in a trace that has

@@ -163,9 +163,10 @@ Block* LargeTier::extend_own(StreamState& s, std::size_t bytes, Need* had) noexc
 // requests would cut the compute stream's freed ranges, grew from 1.670 to 1.731 reserved per
 // requested byte with any fit taken, 1.718 with fits up to 1/2, 1.670 with 1/8 (fake device).
 Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
+  if (owned_.empty()) return nullptr;
   const std::size_t tight = rounded + rounded / 8;
   const Block* mine = best_fit(&s, rounded);
-  if (owned_.empty() || (mine != nullptr && mine->size == rounded)) return nullptr;  // exact
+  if (mine != nullptr && mine->size == rounded) return nullptr;  // exact: nothing is tighter
   std::size_t best = mine != nullptr ? mine->size : SIZE_MAX;
   Block* found = nullptr;
   Block probe;

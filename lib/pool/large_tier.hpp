@@ -8,7 +8,8 @@
 // is no larger than its owned neighbour; a larger clean range stays apart, usable by every stream.
 //
 // Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tighter of
-// its stream's best own fit and the best clean fit, each one lookup; owned ranges whose fences
+// its stream's best own fit and the best clean fit, each one lookup (a first look also walks the
+// owned index by owner for another stream's tight fit: find_tight); owned ranges whose fences
 // completed move to the clean index when they are next looked at, or when a request finds
 // nothing (a sweep of the owned index, before growing).
 //
@@ -96,7 +97,8 @@ class LargeTier {
 
   // find(&s, ...), but where another stream's own free range would fit the request tightly
   // (within 1/8), and more tightly than anything s may take now, it first learns whether that
-  // stream's fence completed, so that s gets it (clean) rather than a cut of a looser range. A
+  // stream's fence, if one was recorded, completed, so that s gets it (clean) rather than a cut of
+  // a looser range (nothing asks for a fence here: ask_owners does, before growing). A
   // block freed on another stream than its own (as cudaFreeAsync allows) comes back to its stream
   // this way. One arena lock when s has an exact fit or no other stream's fence needs learning.
   Block* find_tight(StreamState& s, std::size_t rounded, Need* had) noexcept;
