@@ -133,9 +133,7 @@ TEST_CASE("what is left of a clean range taken with a stream's own stays clean f
 
 TEST_CASE("a stream gets back the range another stream freed once that stream's fence completed") {
   // As below, through the raw API: s's 8 MiB input is freed on c (as cudaFreeAsync allows), so it
-  // is c's own range, waiting for c's fence. Once c's work is done, s asking for 8 MiB again must
-  // get it back where it was, though nothing has learned yet that c's fence completed, not a cut
-  // of its own 32 MiB.
+  // is c's own range, waiting for c's fence, the tightest fit for s's next 8 MiB.
   auto options = arena_options();
   options.segment_bytes = 48 * MiB;
   options.large_rounding = 128 * KiB;
@@ -148,40 +146,26 @@ TEST_CASE("a stream gets back the range another stream freed once that stream's 
   auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
   fake.launch(c, {{input, 8 * MiB, true}});
   pool->deallocate(input, 8 * MiB, c);
-  fake.complete_all();  // c's use is done: nothing but learning that keeps the input c's
-  write_on(fake, s, work);
-  work.reset();
 
-  auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
-  CHECK(next.data() == input);
-  CHECK(pool->stats().device_allocations == 1);
-  write_on(fake, s, next);
-  fake.complete_all();
-  INFO(first_hazard(fake));
-  REQUIRE(fake.hazards().empty());
-}
-
-TEST_CASE("a range another stream freed is not taken while that stream's work on it is pending") {
-  // The same, but c's write is still running when s asks: the tight fit is c's, and s must get
-  // other memory (the fake device reports a race if it got the input's).
-  auto options = arena_options();
-  options.segment_bytes = 48 * MiB;
-  options.large_rounding = 128 * KiB;
-  PoolOnFake pool(options);
-  FakeDevice& fake = pool.fake();
-  cudaStream_t s = fake.create_stream();
-  cudaStream_t c = fake.create_stream();
-  void* const input = pool->allocate(8 * MiB, s);
-  auto between = Bytes::alloc_async(*pool, 1 * MiB, s);
-  auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
-  fake.launch(c, {{input, 8 * MiB, true}});
-  pool->deallocate(input, 8 * MiB, c);
-  write_on(fake, s, work);
-  work.reset();
-
-  auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
-  CHECK(next.data() != input);
-  write_on(fake, s, next);
+  SECTION("once c's work is done") {
+    // Nothing but learning that keeps the input c's: s gets it back where it was, not a cut of
+    // its own 32 MiB.
+    fake.complete_all();
+    write_on(fake, s, work);
+    work.reset();
+    auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
+    CHECK(next.data() == input);
+    CHECK(pool->stats().device_allocations == 1);
+    write_on(fake, s, next);
+  }
+  SECTION("while c's write is still running") {
+    // s must get other memory (the fake device reports a race if it got the input's).
+    write_on(fake, s, work);
+    work.reset();
+    auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
+    CHECK(next.data() != input);
+    write_on(fake, s, next);
+  }
   fake.complete_all();
   INFO(first_hazard(fake));
   REQUIRE(fake.hazards().empty());
