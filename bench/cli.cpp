@@ -205,7 +205,11 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
     out << "target: " << target.description
         << (target.real ? "" : " (no GPU: memory figures only, no timings)") << "\n";
     out << "settings: " << settings.origin() << "\n";
-    out << "config: " << settings.options.to_conf() << "\n\n";
+    out << "config: " << settings.options.to_conf() << "\n";
+    out << "through: "
+        << (args.raw ? "MemoryPool::allocate and deallocate (--raw)"
+                     : "PooledBuffer, with record_stream for a block another stream used")
+        << "\n\n";
     out << replay_table(reports).markdown();
   }
   std::uint64_t failed = 0;

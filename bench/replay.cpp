@@ -128,6 +128,7 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
   report.trace = trace.name;
   report.target = target.description;
   report.config = options.pool.to_conf();
+  report.raw = options.raw;
   report.events = trace.events.size();
   report.allocations = trace.allocations;
   report.peak_requested = trace.peak_requested();

@@ -42,6 +42,7 @@ struct ReplayReport {
   std::string trace;
   std::string target;
   std::string config;  // the STREAMPOOL_CONF line of the options replayed with
+  bool raw = false;    // through the raw API (ReplayOptions::raw)
   std::uint64_t events = 0;
   std::uint64_t allocations = 0;
   std::uint64_t peak_requested = 0;  // the trace's own peak (Trace::peak_requested), failed

@@ -22,6 +22,7 @@ nlohmann::json replay_json(const ReplayReport& r) {
   return {{"trace", r.trace},
           {"target", r.target},
           {"config", r.config},
+          {"raw", r.raw},
           {"events", r.events},
           {"allocations", r.allocations},
           {"peak_requested_bytes", r.peak_requested},

@@ -1,5 +1,6 @@
 // A replay whose allocations fail: they are a column of the report, the command exits with 1,
 // and the peak requested is still the trace's own (failed allocations are part of its demand).
+// And the report says which API the replay went through (--raw).
 #include "cli_helpers.hpp"
 #include "replay.hpp"
 #include "temp_dir.hpp"
@@ -65,4 +66,17 @@ TEST_CASE("replay: failed allocations are a column and make the exit status non-
   SECTION("a replay without failures exits with 0") {
     CHECK(run_bench({"replay", "--fake", "--workload", "random"}).status == 0);
   }
+}
+
+TEST_CASE("replay says which API it replays through in the text and the JSON", "[replay][cli]") {
+  const BenchRun pooled = run_bench({"replay", "--fake", "--workload", "pipeline"});
+  CHECK(pooled.status == 0);
+  CHECK_THAT(pooled.out, Contains("through: PooledBuffer"));
+  const BenchRun raw = run_bench({"replay", "--fake", "--raw", "--workload", "pipeline"});
+  CHECK(raw.status == 0);
+  CHECK_THAT(raw.out, Contains("through: MemoryPool::allocate and deallocate (--raw)"));
+  const BenchRun json = run_bench({"replay", "--fake", "--raw", "--workload", "pipeline", "--json"});
+  CHECK(nlohmann::json::parse(json.out).at(0).at("raw") == true);
+  const BenchRun plain = run_bench({"replay", "--fake", "--workload", "pipeline", "--json"});
+  CHECK(nlohmann::json::parse(plain.out).at(0).at("raw") == false);
 }
