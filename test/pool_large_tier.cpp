@@ -131,9 +131,13 @@ TEST_CASE("what is left of a clean range taken with a stream's own stays clean f
   REQUIRE(fake.hazards().empty());
 }
 
-TEST_CASE("a stream gets back the range another stream freed once that stream's fence completed") {
-  // As below, through the raw API: s's 8 MiB input is freed on c (as cudaFreeAsync allows), so it
-  // is c's own range, waiting for c's fence, the tightest fit for s's next 8 MiB.
+TEST_CASE("a stream gets back the range of a block another stream used once that use is done") {
+  // One 48 MiB segment: s's 8 MiB input, which c uses, then s's live 1 MiB, then s's 32 MiB
+  // dropped with its work pending (s's own), then the clean 7 MiB rest. The input goes back in
+  // one of the two ways a block used on another stream can: dropped after record_stream(c) (it
+  // parks until c's fence), or freed on c through the raw API (as cudaFreeAsync allows: it is
+  // then c's own range, waiting for c's fence). Either way it is the tightest fit for s's next
+  // 8 MiB.
   auto options = arena_options();
   options.segment_bytes = 48 * MiB;
   options.large_rounding = 128 * KiB;
@@ -141,21 +145,36 @@ TEST_CASE("a stream gets back the range another stream freed once that stream's 
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   cudaStream_t c = fake.create_stream();
-  void* const input = pool->allocate(8 * MiB, s);
+  const bool raw = GENERATE(false, true);
+  CAPTURE(raw);
+  Bytes input;
+  void* place = nullptr;
+  if (raw) place = pool->allocate(8 * MiB, s);
+  else input = Bytes::alloc_async(*pool, 8 * MiB, s);
   auto between = Bytes::alloc_async(*pool, 1 * MiB, s);
   auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
-  fake.launch(c, {{input, 8 * MiB, true}});
-  pool->deallocate(input, 8 * MiB, c);
+  if (raw) {
+    fake.launch(c, {{place, 8 * MiB, true}});
+    pool->deallocate(place, 8 * MiB, c);
+  } else {
+    place = input.data();
+    input.record_stream(c);
+    write_on(fake, c, input);
+    input.reset();
+    REQUIRE(pool->breakdown().parked_blocks == 1);
+  }
 
   SECTION("once c's work is done") {
-    // Nothing but learning that keeps the input c's: s gets it back where it was, not a cut of
-    // its own 32 MiB.
+    // Nothing but learning that keeps the input waiting: s gets it back where it was (it fits
+    // exactly), not a cut of its own 32 MiB, which would split a range it may ask for next while
+    // the input's place stays idle.
     fake.complete_all();
     write_on(fake, s, work);
     work.reset();
     auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
-    CHECK(next.data() == input);
+    CHECK(next.data() == place);
     CHECK(pool->stats().device_allocations == 1);
+    CHECK(pool->breakdown().parked_blocks == 0);
     write_on(fake, s, next);
   }
   SECTION("while c's write is still running") {
@@ -163,44 +182,9 @@ TEST_CASE("a stream gets back the range another stream freed once that stream's 
     write_on(fake, s, work);
     work.reset();
     auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
-    CHECK(next.data() != input);
+    CHECK(next.data() != place);
     write_on(fake, s, next);
   }
-  fake.complete_all();
-  INFO(first_hazard(fake));
-  REQUIRE(fake.hazards().empty());
-}
-
-TEST_CASE("a stream gets back the range it dropped after another stream's use once that use is done") {
-  // One 48 MiB segment: s's 8 MiB input, which c uses too (record_stream), then s's live 1 MiB,
-  // then s's 32 MiB dropped with its work pending (s's own), then the clean 7 MiB rest. The input,
-  // dropped, waits for c's fence; once c's work is done, s asking for 8 MiB again must get it back
-  // where it was (it fits exactly), not a cut of its own 32 MiB, which would split a range it may
-  // ask for next while the input's place stays idle.
-  auto options = arena_options();
-  options.segment_bytes = 48 * MiB;
-  options.large_rounding = 128 * KiB;
-  PoolOnFake pool(options);
-  FakeDevice& fake = pool.fake();
-  cudaStream_t s = fake.create_stream();
-  cudaStream_t c = fake.create_stream();
-  auto input = Bytes::alloc_async(*pool, 8 * MiB, s);
-  auto between = Bytes::alloc_async(*pool, 1 * MiB, s);
-  auto work = Bytes::alloc_async(*pool, 32 * MiB, s);
-  std::byte* const place = input.data();
-  input.record_stream(c);
-  write_on(fake, c, input);
-  input.reset();
-  REQUIRE(pool->breakdown().parked_blocks == 1);
-  fake.complete_all();  // c's use is done: nothing but learning that keeps the input parked
-  write_on(fake, s, work);
-  work.reset();
-
-  auto next = Bytes::alloc_async(*pool, 8 * MiB, s);
-  CHECK(next.data() == place);
-  CHECK(pool->stats().device_allocations == 1);
-  CHECK(pool->breakdown().parked_blocks == 0);
-  write_on(fake, s, next);
   fake.complete_all();
   INFO(first_hazard(fake));
   REQUIRE(fake.hazards().empty());
