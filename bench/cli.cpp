@@ -328,7 +328,7 @@ int run_compare(const Args& args, std::ostream& out, std::ostream& err) {
       compare.repeats = 3;
       compare.seconds_per_point = 0.02;
     }
-    auto peers = all_peers();
+    auto peers = all_peers(settings);
     tables.push_back(latency_table(peers, compare));
     tables.push_back(scaling_table(peers, compare));
     tables.push_back(handoff_table(peers, compare));

@@ -5,6 +5,8 @@
 #include <streampool/memory_pool.hpp>
 #include <streampool/pooled_buffer.hpp>
 
+#include <fmt/format.h>
+
 #include <mutex>
 #include <stdexcept>
 
@@ -134,21 +136,36 @@ std::unique_ptr<Peer> make_cub_peer() { return nullptr; }
 std::unique_ptr<Peer> make_torch_peer() { return nullptr; }
 #endif
 
-std::vector<std::unique_ptr<Peer>> all_peers() {
-  std::vector<std::unique_ptr<Peer>> peers;
-  PoolOptions fastest;
+std::vector<StreampoolVariant> streampool_variants(const Settings& settings) {
+  const std::string line = settings.line();
+  const std::string label = line.empty() ? "default" : line;
+  const auto with = [&](const std::string& change) {
+    return fmt::format("streampool ({}, {})", label, change);
+  };
+  std::vector<StreampoolVariant> variants;
+  PoolOptions fastest = settings.options;
   fastest.stream_checks = StreamChecks::none;
-  peers.push_back(make_streampool_peer(fastest, "streampool (stream_checks=none)"));
-  peers.push_back(make_streampool_peer(PoolOptions{}, "streampool (default: every check)"));
+  variants.push_back({line.empty() ? "streampool (stream_checks=none)" : with("stream_checks=none"),
+                      fastest});
+  variants.push_back({line.empty() ? "streampool (default: every check)"
+                                   : fmt::format("streampool ({})", line),
+                      settings.options});
   // Large pairs without the shelf: the arena's path (bench/results/ compares the two).
-  PoolOptions no_shelf;
+  PoolOptions no_shelf = settings.options;
   no_shelf.large_shelf = 0;
-  peers.push_back(make_streampool_peer(no_shelf, "streampool (default, large_shelf=0)"));
+  variants.push_back({with("large_shelf=0"), no_shelf});
   // Segments from cudaMalloc: the large tier without virtual memory (the fallback).
-  PoolOptions fixed_segments;
+  PoolOptions fixed_segments = settings.options;
   fixed_segments.expandable_segments = false;
-  peers.push_back(
-      make_streampool_peer(fixed_segments, "streampool (default, expandable_segments=false)"));
+  variants.push_back({with("expandable_segments=false"), fixed_segments});
+  return variants;
+}
+
+std::vector<std::unique_ptr<Peer>> all_peers(const Settings& settings) {
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (const StreampoolVariant& v : streampool_variants(settings)) {
+    peers.push_back(make_streampool_peer(v.options, v.name));
+  }
   peers.push_back(make_cuda_malloc_peer());
   peers.push_back(make_malloc_async_peer());
   if (auto cub = make_cub_peer()) peers.push_back(std::move(cub));

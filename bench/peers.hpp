@@ -2,6 +2,8 @@
 // users call it: streampool through PooledBuffer, the others through their own entry points.
 #pragma once
 
+#include "settings.hpp"
+
 #include <streampool/pool_options.hpp>
 
 #include <cuda_runtime_api.h>
@@ -60,7 +62,18 @@ std::unique_ptr<Peer> make_streampool_peer(const PoolOptions& options, const std
 std::unique_ptr<Peer> make_cub_peer();
 std::unique_ptr<Peer> make_torch_peer();
 
-// Every peer available in this build, in table order.
-std::vector<std::unique_ptr<Peer>> all_peers();
+// The streampool rows of a comparison, each on top of the user's settings (the defaults, then
+// STREAMPOOL_CONF, then --config): the settings with stream_checks=none, the settings themselves,
+// and the settings with the large shelf off and with fixed segments. A name says the settings'
+// line ("default" when there is none) and the key the row changes on top of them.
+struct StreampoolVariant {
+  std::string name;
+  PoolOptions options;
+};
+std::vector<StreampoolVariant> streampool_variants(const Settings& settings);
+
+// Every peer available in this build, in table order: streampool_variants(settings), then the
+// others.
+std::vector<std::unique_ptr<Peer>> all_peers(const Settings& settings);
 
 }  // namespace streampool::bench

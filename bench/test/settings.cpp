@@ -1,6 +1,7 @@
 // The user's settings: the defaults, then STREAMPOOL_CONF, then --config, as the library reads
 // STREAMPOOL_CONF; every subcommand that builds a pool takes them.
 #include "cli_helpers.hpp"
+#include "peers.hpp"
 #include "settings.hpp"
 #include "stress.hpp"
 
@@ -84,4 +85,38 @@ TEST_CASE("the bench honours STREAMPOOL_CONF like the library, --config on top",
     const ScopedConf conf("segment=banana");
     CHECK_THROWS_AS(parse_stress_options({"--fake"}), StressUsageError);
   }
+}
+
+// compare's GPU rows: each streampool row is the settings with at most one key changed, so that
+// `compare --config` measures the configuration it names and not the defaults.
+TEST_CASE("compare's streampool rows are the settings and one change each", "[settings][compare]") {
+  const ScopedConf conf("max_reserved=1G");
+  const Settings s = user_settings("slab=256K,large_rounding=32K");
+  const std::vector<StreampoolVariant> rows = streampool_variants(s);
+  REQUIRE(rows.size() == 4);
+  const std::string base = s.options.to_conf();
+  PoolOptions none = s.options;
+  none.stream_checks = StreamChecks::none;
+  PoolOptions no_shelf = s.options;
+  no_shelf.large_shelf = 0;
+  PoolOptions fixed = s.options;
+  fixed.expandable_segments = false;
+  CHECK(rows[0].options.to_conf() == none.to_conf());
+  CHECK(rows[1].options.to_conf() == base);
+  CHECK(rows[2].options.to_conf() == no_shelf.to_conf());
+  CHECK(rows[3].options.to_conf() == fixed.to_conf());
+  CHECK(rows[1].options.slab_bytes == std::size_t{256} << 10);
+  CHECK(rows[1].options.max_reserved_bytes == std::size_t{1} << 30);
+  CHECK_FALSE(rows[1].options.read_environment);
+  CHECK(rows[0].name == "streampool (max_reserved=1G,slab=256K,large_rounding=32K, stream_checks=none)");
+  CHECK(rows[1].name == "streampool (max_reserved=1G,slab=256K,large_rounding=32K)");
+  CHECK(rows[3].name ==
+        "streampool (max_reserved=1G,slab=256K,large_rounding=32K, expandable_segments=false)");
+
+  const ScopedConf none_set(std::nullopt);
+  const std::vector<StreampoolVariant> defaults = streampool_variants(user_settings(""));
+  CHECK(defaults[0].name == "streampool (stream_checks=none)");
+  CHECK(defaults[1].name == "streampool (default: every check)");
+  CHECK(defaults[2].name == "streampool (default, large_shelf=0)");
+  CHECK(defaults[1].options.to_conf() == PoolOptions{}.to_conf());
 }
