@@ -50,6 +50,7 @@ cudaError_t on_device(int ordinal, F&& call) noexcept {
 using DriverStreamId = CUresult (*)(CUstream, unsigned long long*);
 using DriverCaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
                                        const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+using DriverIsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 
 void* driver_entry(const char* symbol, unsigned version) noexcept {
   void* fn = nullptr;
@@ -182,6 +183,7 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   }
   driver_stream_id_ = driver_entry("cuStreamGetId", 12000);
   driver_capture_info_ = driver_entry("cuStreamGetCaptureInfo", 12030);
+  driver_is_capturing_ = driver_entry("cuStreamIsCapturing", 10000);
   const DriverVm& vm = driver_vm();
   CUdevice device = 0;
   int supported = 0;
@@ -310,9 +312,14 @@ cudaError_t CudaDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   if (driver_capture_info_ != nullptr && explicit_stream(stream)) {
     CUstreamCaptureStatus driver_status = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t capture = 0;
-    if (reinterpret_cast<DriverCaptureInfo>(driver_capture_info_)(
-            reinterpret_cast<CUstream>(stream), &driver_status, &capture, nullptr, nullptr,
-            nullptr, nullptr) == CUDA_SUCCESS) {
+    const CUresult result =
+        id == nullptr && driver_is_capturing_ != nullptr
+            ? reinterpret_cast<DriverIsCapturing>(driver_is_capturing_)(
+                  reinterpret_cast<CUstream>(stream), &driver_status)
+            : reinterpret_cast<DriverCaptureInfo>(driver_capture_info_)(
+                  reinterpret_cast<CUstream>(stream), &driver_status, &capture, nullptr, nullptr,
+                  nullptr, nullptr);
+    if (result == CUDA_SUCCESS) {
       switch (driver_status) {
         case CU_STREAM_CAPTURE_STATUS_NONE: *status = CaptureStatus::none; break;
         case CU_STREAM_CAPTURE_STATUS_ACTIVE: *status = CaptureStatus::active; break;

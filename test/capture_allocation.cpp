@@ -26,6 +26,57 @@ const CaptureMode all_modes[] = {CaptureMode::global, CaptureMode::thread_local_
                                  CaptureMode::relaxed};
 }  // namespace
 
+namespace {
+// Counts the capture status questions, with and without the capture's id.
+class StatusCounter final : public streampool::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
+                           streampool::CaptureId* id) noexcept override {
+    ++(id == nullptr ? alone : with_id);
+    return ForwardingDevice::capture_info(stream, status, id);
+  }
+  int alone = 0;
+  int with_id = 0;
+};
+}  // namespace
+
+TEST_CASE("a checked allocation asks the capture status alone, and the capture's id only during "
+          "a capture") {
+  // The status alone is the cheaper question on the H200 (device_calls.def); the gate needs the
+  // id only when there is a capture to serve.
+  auto fake = std::make_shared<FakeDevice>();
+  auto device = std::make_shared<StatusCounter>(fake);
+  auto options = test_options();
+  options.stream_checks = streampool::StreamChecks::full;
+  streampool::MemoryPool pool(device, options);
+  cudaStream_t s = fake->create_stream();
+  for (int i = 0; i < 3; ++i) {
+    for (std::size_t bytes : {std::size_t{1000}, 3 * MiB}) {
+      auto x = Bytes::alloc_async(pool, bytes, s);
+    }
+  }
+  CHECK(device->alone == 6);
+  CHECK(device->with_id == 0);
+
+  auto capture = std::make_shared<CapturePool>(pool);
+  capture->reserve(MiB);
+  streampool::begin_capture_with_pool(capture, s, CaptureMode::global);
+  const int alone_before = device->alone;
+  const int with_id_before = device->with_id;
+  {
+    auto x = Bytes::alloc_async(pool, 1000, s);
+    CHECK(x.data() != nullptr);
+    fake->launch(s, {{x.data(), x.byte_size(), true}});
+  }
+  CHECK(device->alone > alone_before);
+  CHECK(device->with_id > with_id_before);  // the gate found the capture by its id
+  auto graph = streampool::end_capture_with_pool(s, capture);
+  graph.launch(s);
+  fake->complete_all();
+  CHECK(fake->hazards().empty());
+}
+
 TEST_CASE("an allocation during capture comes from the pool's private memory, under every "
           "stream check") {
   using streampool::StreamChecks;

@@ -297,6 +297,31 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     REQUIRE(status_of(device, stream) == CaptureStatus::none);
   }
 
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("capture_info without an id reports the status alone in "
+                    << contract::mode_name(mode) << " mode, and the capture survives it") {
+      CaptureStatus status = CaptureStatus::active;
+      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
+      REQUIRE(status == CaptureStatus::none);
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
+      REQUIRE(status == CaptureStatus::active);
+      CaptureId id = 0;
+      REQUIRE(device.capture_info(stream, &status, &id) == cudaSuccess);
+      REQUIRE(status == CaptureStatus::active);
+      REQUIRE(id != 0);
+      // Invalidated, and so reported by both forms.
+      StreamId stream_id = 0;
+      REQUIRE(device.stream_id(stream, &stream_id) != cudaSuccess);
+      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
+      REQUIRE(status == CaptureStatus::invalidated);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
+      REQUIRE(status == CaptureStatus::none);
+    }
+  }
+
   for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
     DYNAMIC_SECTION("malloc in " << contract::mode_name(mode)
                                  << " mode fails and invalidates the capture") {

@@ -58,7 +58,8 @@ inline bool gate_engaged() noexcept {
   return gate_engagements.load(std::memory_order_acquire) != 0;
 }
 
-// A stream's capture status (cudaStreamGetCaptureInfo, allowed during capture in every mode).
+// A stream's capture status (cudaStreamIsCapturing, then cudaStreamGetCaptureInfo for the id of
+// a capture under way: both allowed during capture in every mode).
 struct GateStatus {
   cudaError_t error = cudaSuccess;
   CaptureStatus status = CaptureStatus::none;
@@ -66,9 +67,15 @@ struct GateStatus {
   bool capturing() const noexcept { return error == cudaSuccess && status != CaptureStatus::none; }
   bool invalidated() const noexcept { return status == CaptureStatus::invalidated; }
 };
+// The status alone first: every checked allocation asks it, and almost always there is no
+// capture (on the H200 the status alone costs 20 ns, with the id 27). A capture that ended or
+// began between the two questions is seen as the second one says.
 inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
   GateStatus s;
-  s.error = device.capture_info(stream, &s.status, &s.id);
+  s.error = device.capture_info(stream, &s.status, nullptr);
+  if (s.error == cudaSuccess && s.status == CaptureStatus::active) {
+    s.error = device.capture_info(stream, &s.status, &s.id);
+  }
   return s;
 }
 // The failure of a status query that did not answer (status.error != cudaSuccess).
