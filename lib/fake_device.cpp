@@ -1575,7 +1575,7 @@ cudaError_t FakeDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   *status = !capture               ? CaptureStatus::none
             : capture->invalidated ? CaptureStatus::invalidated
                                    : CaptureStatus::active;
-  if (id != nullptr) *id = capture ? capture->id : 0;
+  if (id != nullptr) *id = *status == CaptureStatus::active ? capture->id : 0;  // as CudaDevice
   return cudaSuccess;
 }
 

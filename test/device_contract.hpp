@@ -300,25 +300,42 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
   for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
     DYNAMIC_SECTION("capture_info without an id reports the status alone in "
                     << contract::mode_name(mode) << " mode, and the capture survives it") {
-      CaptureStatus status = CaptureStatus::active;
-      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
-      REQUIRE(status == CaptureStatus::none);
+      CaptureStatus before = CaptureStatus::active;
+      REQUIRE(device.capture_info(stream, &before, nullptr) == cudaSuccess);
+      REQUIRE(before == CaptureStatus::none);
       REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
-      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
-      REQUIRE(status == CaptureStatus::active);
+      CaptureStatus alone = CaptureStatus::none;
+      const cudaError_t asked_alone = device.capture_info(stream, &alone, nullptr);
+      CaptureStatus with_id = CaptureStatus::none;
       CaptureId id = 0;
-      REQUIRE(device.capture_info(stream, &status, &id) == cudaSuccess);
-      REQUIRE(status == CaptureStatus::active);
-      REQUIRE(id != 0);
-      // Invalidated, and so reported by both forms.
+      const cudaError_t asked_with_id = device.capture_info(stream, &with_id, &id);
+      // Invalidated (asking the capturing stream's own id does it), and so reported by both forms;
+      // an invalidated capture has no id.
       StreamId stream_id = 0;
-      REQUIRE(device.stream_id(stream, &stream_id) != cudaSuccess);
-      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
-      REQUIRE(status == CaptureStatus::invalidated);
-      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
-      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
-      REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
-      REQUIRE(status == CaptureStatus::none);
+      const cudaError_t asked_stream_id = device.stream_id(stream, &stream_id);
+      CaptureStatus invalidated_alone = CaptureStatus::none;
+      const cudaError_t asked_invalidated = device.capture_info(stream, &invalidated_alone, nullptr);
+      CaptureStatus invalidated = CaptureStatus::none;
+      CaptureId invalidated_id = 1;
+      const cudaError_t asked_invalidated_id =
+          device.capture_info(stream, &invalidated, &invalidated_id);
+      // End the capture before any REQUIRE can fail, so that no capture outlives the test.
+      const cudaError_t ended = end_and_discard(device, stream);
+      CHECK(asked_alone == cudaSuccess);
+      CHECK(alone == CaptureStatus::active);
+      CHECK(asked_with_id == cudaSuccess);
+      CHECK(with_id == CaptureStatus::active);
+      CHECK(id != 0);
+      CHECK(asked_stream_id != cudaSuccess);
+      CHECK(asked_invalidated == cudaSuccess);
+      CHECK(invalidated_alone == CaptureStatus::invalidated);
+      CHECK(asked_invalidated_id == cudaSuccess);
+      CHECK(invalidated == CaptureStatus::invalidated);
+      CHECK(invalidated_id == 0);
+      CHECK(ended == cudaErrorStreamCaptureInvalidated);
+      CaptureStatus after = CaptureStatus::active;
+      REQUIRE(device.capture_info(stream, &after, nullptr) == cudaSuccess);
+      REQUIRE(after == CaptureStatus::none);
     }
   }
 
