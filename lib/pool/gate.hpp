@@ -68,8 +68,9 @@ struct GateStatus {
   bool invalidated() const noexcept { return status == CaptureStatus::invalidated; }
 };
 // The status alone first: every checked allocation asks it, and almost always there is no
-// capture (on the H200 the status alone costs 20 ns, with the id 27). A capture that ended or
-// began between the two questions is seen as the second one says.
+// capture (the status alone costs 15-20 ns on the H200, with the id 18-27; a same-stream pair
+// showed no difference beyond the host's noise: bench/results/h200-capture-status-ab-7832406.md).
+// A capture that ended or began between the two questions is seen as the second one says.
 inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
   GateStatus s;
   s.error = device.capture_info(stream, &s.status, nullptr);
