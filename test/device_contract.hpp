@@ -204,6 +204,7 @@ TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, rel
   SECTION("what the calls refuse") {
     REQUIRE(device.vm_map(at + granule / 2, granule, one) == cudaErrorInvalidValue);  // misaligned
     REQUIRE(device.vm_map(at, 2 * granule, one) == cudaErrorNotSupported);  // not the handle's size
+    REQUIRE(device.vm_map(at, granule, two) == cudaErrorNotSupported);  // part of a handle
     REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
     REQUIRE(device.vm_map(at, 2 * granule, two) == cudaErrorInvalidValue);  // over a mapping
     REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);

@@ -206,12 +206,58 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
   report("vm_create 2 granules", device.vm_create(&h2, 2 * granule));
   report("vm_map misaligned", device.vm_map(at + 4096, granule, h1));
   report("vm_map with a size other than the handle's", device.vm_map(at, 2 * granule, h1));
+  {
+    const cudaError_t part = device.vm_map(at, granule, h2);
+    report("vm_map of part of a handle (its first granule of two)", part);
+    if (part == cudaSuccess) device.vm_unmap(at, granule);
+  }
+  {
+    // Part of a handle at an offset, which the seam cannot ask (its vm_map maps a handle whole):
+    // cuMemMap itself, through the same driver entry point CudaDevice uses.
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemMap", &fn, 10020, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      const auto map = reinterpret_cast<PFN_cuMemMap_v10020>(fn);
+      const auto as_cuda = [](CUresult r) {
+        return r == CUDA_SUCCESS               ? cudaSuccess
+               : r == CUDA_ERROR_NOT_SUPPORTED ? cudaErrorNotSupported
+               : r == CUDA_ERROR_INVALID_VALUE ? cudaErrorInvalidValue
+                                               : cudaErrorUnknown;
+      };
+      const CUresult second =
+          map(reinterpret_cast<CUdeviceptr>(at + 32 * granule), granule, granule, h2, 0);
+      report("cuMemMap of a handle's second granule (offset one granule)", as_cuda(second));
+      if (second == CUDA_SUCCESS) device.vm_unmap(at + 32 * granule, granule);
+    }
+    cudaGetLastError();
+  }
   report("vm_map", device.vm_map(at, granule, h1));
   report("vm_map over a mapping", device.vm_map(at, 2 * granule, h2));
   report("vm_map after it", device.vm_map(at + granule, 2 * granule, h2));
   report("vm_set_access over two mappings", device.vm_set_access(at, 3 * granule));
   report("vm_set_access past the mappings", device.vm_set_access(at, 4 * granule));
   report("vm_unmap part of a mapping", device.vm_unmap(at + granule, granule));
+  {
+    // One handle mapped whole at two addresses at once, and what is written through one read
+    // through the other.
+    const cudaError_t twice = device.vm_map(at + 40 * granule, 2 * granule, h2);
+    report("vm_map of a handle mapped elsewhere already, whole", twice);
+    if (twice == cudaSuccess) {
+      report("vm_set_access of the second mapping",
+             device.vm_set_access(at + 40 * granule, 2 * granule));
+      unsigned seen = 0;
+      const unsigned written = 0x5eed;
+      report("write through the first mapping",
+             cudaMemcpy(at + granule, &written, sizeof written, cudaMemcpyHostToDevice));
+      report("read through the second",
+             cudaMemcpy(&seen, at + 40 * granule, sizeof seen, cudaMemcpyDeviceToHost));
+      std::printf("probe: the second mapping reads %#x where %#x was written through the first\n",
+                  seen, written);
+      report("vm_unmap of the second mapping", device.vm_unmap(at + 40 * granule, 2 * granule));
+    }
+  }
   report("vm_unreserve while mapped", device.vm_unreserve(base, 64 * granule));
   report("vm_release while mapped", device.vm_release(h2));
   report("vm_unmap two mappings at once", device.vm_unmap(at, 3 * granule));
