@@ -6,6 +6,7 @@
 #include <streampool/cuda_device.hpp>
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <catch2/catch.hpp>
 
