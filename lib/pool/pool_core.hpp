@@ -203,6 +203,8 @@ class PoolCore {
   bool learn_covered(const Need& need) noexcept;
   // Parked blocks whose needs are all covered go back clean (their streams' fences are asked).
   void drain_parked() noexcept;
+  // Whether a parked large range has exactly `rounded` bytes (no fence asked).
+  bool parked_large_fits(std::size_t rounded) noexcept;
   // The same for the oldest few, by the fences already known to have completed: after a park.
   void drain_parked_front() noexcept;
   // [parked_mutex_] A large range joins (+1) or leaves (-1) parked_.

@@ -32,6 +32,13 @@ void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
   if (!large.empty()) large_.put_clean(large);
 }
 
+bool PoolCore::parked_large_fits(std::size_t rounded) noexcept {
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  return std::any_of(parked_.begin(), parked_.end(), [rounded](const Parked& p) {
+    return p.block->large && p.block->size == rounded;
+  });
+}
+
 void PoolCore::drain_parked() noexcept {
   // Learn first what the parked blocks wait for (the streams of their uncovered needs, each
   // asked once), with no lock of ours held: then take what is covered.
