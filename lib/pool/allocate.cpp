@@ -133,13 +133,11 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     // A parked range may be clean by now, where it was: a stream that dropped a range another
     // stream used (record_stream), and asks for its size again, gets it back there rather than
     // a cut of other memory that splits the ranges it will ask for next (the two-stream trace:
-    // 1.774 -> 1.031 reserved per requested byte on the fake device). Only when a parked range
-    // has the request's size: learning asks the fences of every stream the parked blocks wait
-    // for, and asked at every large request it was most of the stress bench's allocation time
-    // (docs/design.md, "The tiers").
-    const bool drained =
-        parked_large_.load(std::memory_order_relaxed) != 0 && parked_large_fits(rounded);
-    if (drained) drain_parked();
+    // 1.774 -> 1.031 reserved per requested byte on the fake device). Only the fences that
+    // parked ranges of the request's size wait for are asked: asked of every parked block at
+    // every large request, they were most of the stress bench's allocation time (docs/design.md,
+    // "The tiers").
+    if (parked_large_.load(std::memory_order_relaxed) != 0) drain_parked_of(rounded);
     // So may another stream's own range, freed there (the raw API's cross-stream free: the
     // two-stream trace replayed through it, 1.608 -> 1.031 on the fake device).
     if (Block* range = large_.find_tight(s, rounded, &was)) return range;
@@ -149,7 +147,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     if (unshelve_all()) {
       if (Block* range = large_.find(&s, rounded, &was)) return range;
     }
-    if (!drained) drain_parked();  // (drained above: its fences were asked a moment ago)
+    drain_parked();
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     // Neighbours that were kept apart (owned by different streams) may all be covered now; so

@@ -203,8 +203,11 @@ class PoolCore {
   bool learn_covered(const Need& need) noexcept;
   // Parked blocks whose needs are all covered go back clean (their streams' fences are asked).
   void drain_parked() noexcept;
-  // Whether a parked large range has exactly `rounded` bytes (no fence asked).
-  bool parked_large_fits(std::size_t rounded) noexcept;
+  // The same, asking only the fences that parked large ranges of exactly `rounded` bytes wait
+  // for, and only if there is one (then true).
+  bool drain_parked_of(std::size_t rounded) noexcept;
+  template <class Asked>
+  bool drain_asking(Asked asked) noexcept;  // drain_parked with the parked blocks to ask for
   // The same for the oldest few, by the fences already known to have completed: after a park.
   void drain_parked_front() noexcept;
   // [parked_mutex_] A large range joins (+1) or leaves (-1) parked_.

@@ -32,20 +32,18 @@ void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
   if (!large.empty()) large_.put_clean(large);
 }
 
-bool PoolCore::parked_large_fits(std::size_t rounded) noexcept {
-  std::lock_guard<std::mutex> lock(parked_mutex_);
-  return std::any_of(parked_.begin(), parked_.end(), [rounded](const Parked& p) {
-    return p.block->large && p.block->size == rounded;
-  });
-}
-
-void PoolCore::drain_parked() noexcept {
-  // Learn first what the parked blocks wait for (the streams of their uncovered needs, each
-  // asked once), with no lock of ours held: then take what is covered.
+template <class Asked>
+bool PoolCore::drain_asking(Asked asked) noexcept {
+  // Learn first what the parked blocks `asked` selects wait for (the streams of their uncovered
+  // needs, each asked once), with no lock of ours held: then take every parked block known to be
+  // covered.
   std::vector<StreamState*> waited;
+  bool any = false;
   try {
     std::lock_guard<std::mutex> lock(parked_mutex_);
     for (const Parked& p : parked_) {
+      if (!asked(p)) continue;
+      any = true;
       for (const Need& need : p.needs) {
         StreamState* s = need.timeline->stream;
         if (s != nullptr && !covered(need) &&
@@ -56,6 +54,7 @@ void PoolCore::drain_parked() noexcept {
     }
   } catch (const std::bad_alloc&) {
   }
+  if (!any) return false;
   for (StreamState* s : waited) {
     s->lock.lock();
     refresh(*s);
@@ -86,6 +85,16 @@ void PoolCore::drain_parked() noexcept {
     parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(kept), parked_.end());
   }
   make_clean(clean);
+  return true;
+}
+
+void PoolCore::drain_parked() noexcept {
+  drain_asking([](const Parked&) { return true; });
+}
+
+bool PoolCore::drain_parked_of(std::size_t rounded) noexcept {
+  return drain_asking(
+      [rounded](const Parked& p) { return p.block->large && p.block->size == rounded; });
 }
 
 void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
