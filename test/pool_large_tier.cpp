@@ -240,6 +240,22 @@ TEST_CASE("a large request asks the fences of parked ranges only when one has it
     CHECK(same.data() != place);
     write_on(*fake, s, same);
   }
+  SECTION("only the fences the ranges of its size wait for") {
+    // A range of another size parked for d, whose work is done: asking for the input's size
+    // asks c's fence (and s's), not d's, so that range is not learned clean yet.
+    cudaStream_t d = fake->create_stream();
+    auto side = Bytes::alloc_async(pool, 2 * MiB, s);  // a cut of s's own range: s's write
+    REQUIRE(fake->stream_synchronize(s) == cudaSuccess);  // orders d's write after s's
+    side.record_stream(d);
+    write_on(*fake, d, side);
+    side.reset();
+    REQUIRE(pool.breakdown().parked_blocks == 2);
+    fake->complete(d);
+    auto same = Bytes::alloc_async(pool, 8 * MiB, s);
+    CHECK(same.data() != place);  // c's write still runs
+    CHECK(pool.breakdown().parked_blocks == 2);
+    write_on(*fake, s, same);
+  }
   SECTION("the parked range's size, once c's write is done") {
     fake->complete_all();
     auto same = Bytes::alloc_async(pool, 8 * MiB, s);

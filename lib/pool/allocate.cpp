@@ -147,7 +147,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     if (unshelve_all()) {
       if (Block* range = large_.find(&s, rounded, &was)) return range;
     }
-    drain_parked();
+    drain_parked();  // all of it (the fences asked above, if any, are asked again: once each)
     large_.ask_owners(s);
     if (Block* range = large_.find(&s, rounded, &was)) return range;
     // Neighbours that were kept apart (owned by different streams) may all be covered now; so

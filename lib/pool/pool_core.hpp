@@ -203,13 +203,12 @@ class PoolCore {
   bool learn_covered(const Need& need) noexcept;
   // Parked blocks whose needs are all covered go back clean (their streams' fences are asked).
   void drain_parked() noexcept;
-  // The same, asking only the fences that parked large ranges of exactly `rounded` bytes wait
-  // for, and only if there is one (then true).
-  bool drain_parked_of(std::size_t rounded) noexcept;
-  template <class Asked>
-  bool drain_asking(Asked asked) noexcept;  // drain_parked with the parked blocks to ask for
   // The same for the oldest few, by the fences already known to have completed: after a park.
   void drain_parked_front() noexcept;
+  // The same as drain_parked, asking only the fences that parked large ranges a request of
+  // `rounded` bytes would get whole wait for (rounded up to rounded + large_rounding), and only
+  // if there is one.
+  void drain_parked_of(std::size_t rounded) noexcept;
   // [parked_mutex_] A large range joins (+1) or leaves (-1) parked_.
   void count_parked_large(int change) noexcept {
     parked_large_.store(parked_large_.load(std::memory_order_relaxed) +
@@ -278,6 +277,11 @@ class PoolCore {
 
  private:
   ~PoolCore();
+
+  // reclaim.cpp (defined and used there only): drain_parked, asking the fences of the parked
+  // blocks `asked` selects; false when it selects none (then nothing is done).
+  template <class Asked>
+  bool drain_asking(Asked asked) noexcept;
 
   // allocate.cpp
   Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,

@@ -92,9 +92,12 @@ void PoolCore::drain_parked() noexcept {
   drain_asking([](const Parked&) { return true; });
 }
 
-bool PoolCore::drain_parked_of(std::size_t rounded) noexcept {
-  return drain_asking(
-      [rounded](const Parked& p) { return p.block->large && p.block->size == rounded; });
+void PoolCore::drain_parked_of(std::size_t rounded) noexcept {
+  // A range a cut left whole (its rest smaller than the rounding) is larger than its request.
+  const std::size_t rounding = options_.large_rounding;
+  drain_asking([rounded, rounding](const Parked& p) {
+    return p.block->large && p.block->size >= rounded && p.block->size - rounded < rounding;
+  });
 }
 
 void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
