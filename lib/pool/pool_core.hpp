@@ -279,9 +279,9 @@ class PoolCore {
   ~PoolCore();
 
   // reclaim.cpp (defined and used there only): drain_parked, asking the fences of the parked
-  // blocks `asked` selects; false when it selects none (then nothing is done).
+  // blocks `asked` selects; nothing at all when it selects none.
   template <class Asked>
-  bool drain_asking(Asked asked) noexcept;
+  void drain_asking(Asked asked) noexcept;
 
   // allocate.cpp
   Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,

@@ -33,7 +33,7 @@ void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
 }
 
 template <class Asked>
-bool PoolCore::drain_asking(Asked asked) noexcept {
+void PoolCore::drain_asking(Asked asked) noexcept {
   // Learn first what the parked blocks `asked` selects wait for (the streams of their uncovered
   // needs, each asked once), with no lock of ours held: then take every parked block known to be
   // covered.
@@ -54,7 +54,7 @@ bool PoolCore::drain_asking(Asked asked) noexcept {
     }
   } catch (const std::bad_alloc&) {
   }
-  if (!any) return false;
+  if (!any) return;
   for (StreamState* s : waited) {
     s->lock.lock();
     refresh(*s);
@@ -85,7 +85,6 @@ bool PoolCore::drain_asking(Asked asked) noexcept {
     parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(kept), parked_.end());
   }
   make_clean(clean);
-  return true;
 }
 
 void PoolCore::drain_parked() noexcept {
