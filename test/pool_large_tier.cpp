@@ -1,8 +1,7 @@
 // The large tier's arena: which free range a request gets, and when it grows instead.
 #include "pool_helpers.hpp"
 
-#include <streampool/device.hpp>
-
+#include <cstdint>
 #include <vector>
 
 using streampool::FakeDevice;
@@ -19,17 +18,6 @@ streampool::PoolOptions arena_options() {
   options.large_shelf = 0;
   return options;
 }
-
-// Counts the event queries: each asks whether a fence completed.
-class QueryCounter final : public streampool::ForwardingDevice {
- public:
-  using ForwardingDevice::ForwardingDevice;
-  cudaError_t event_query(cudaEvent_t event) noexcept override {
-    ++queries;
-    return ForwardingDevice::event_query(event);
-  }
-  int queries = 0;
-};
 }  // namespace
 
 TEST_CASE("a clean range is found however many other streams' pending ranges are as large") {
@@ -209,11 +197,10 @@ TEST_CASE("a large request asks the fences of parked ranges only when one has it
   // H200 under the stress bench, asking it at every large request cost about 12 queries a buffer
   // and most of an allocation's time, for requests of sizes no parked range had.
   auto fake = std::make_shared<FakeDevice>();
-  auto device = std::make_shared<QueryCounter>(fake);
   auto options = arena_options();
   options.segment_bytes = 48 * MiB;
   options.large_rounding = 128 * KiB;
-  streampool::MemoryPool pool(device, options);
+  streampool::MemoryPool pool(fake, options);
   cudaStream_t s = fake->create_stream();
   cudaStream_t c = fake->create_stream();
   auto input = Bytes::alloc_async(pool, 8 * MiB, s);
@@ -225,18 +212,20 @@ TEST_CASE("a large request asks the fences of parked ranges only when one has it
   write_on(*fake, s, work);
   work.reset();  // s's own range, usable on s at once
   REQUIRE(pool.breakdown().parked_blocks == 1);
-  device->queries = 0;
+  // The event queries from here on: each asks whether a fence completed.
+  const std::uint64_t queried_before = fake->calls(FakeDevice::Call::event_query);
+  const auto queries = [&] { return fake->calls(FakeDevice::Call::event_query) - queried_before; };
 
   SECTION("a size no parked range has") {
     auto other = Bytes::alloc_async(pool, 4 * MiB, s);
-    CHECK(device->queries == 0);
+    CHECK(queries() == 0);
     CHECK(pool.breakdown().parked_blocks == 1);
     CHECK(pool.stats().device_allocations == 1);
     write_on(*fake, s, other);
   }
   SECTION("the parked range's size, while c's write runs") {
     auto same = Bytes::alloc_async(pool, 8 * MiB, s);
-    CHECK(device->queries > 0);  // c's fence asked, and not completed
+    CHECK(queries() > 0);  // c's fence asked, and not completed
     CHECK(same.data() != place);
     write_on(*fake, s, same);
   }
@@ -259,7 +248,7 @@ TEST_CASE("a large request asks the fences of parked ranges only when one has it
   SECTION("the parked range's size, once c's write is done") {
     fake->complete_all();
     auto same = Bytes::alloc_async(pool, 8 * MiB, s);
-    CHECK(device->queries > 0);
+    CHECK(queries() > 0);
     CHECK(same.data() == place);
     CHECK(pool.breakdown().parked_blocks == 0);
     write_on(*fake, s, same);
