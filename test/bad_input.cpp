@@ -74,7 +74,7 @@ TEST_CASE("every key refuses an empty, negative, non-numeric or overflowing valu
           "[options][bad_input]") {
   const std::vector<std::string> size_keys{
       "smallest", "per_doubling", "largest", "alignment", "slab", "segment", "large_rounding",
-      "large_shelf",
+      "large_shelf", "stream_homes",
       "max_reserved", "unfenced", "unfenced_us", "idle_ms", "stats_granule"};
   for (const std::string& key : size_keys) {
     for (const std::string value : {"", "-1", "-0", "+5", "ten", "1.5M", "0x100",

@@ -204,7 +204,10 @@ TEST_CASE("growth never joins the new memory to another stream's uncovered range
 }
 
 TEST_CASE("a stream's own free range before the hole is extended for that stream") {
-  PoolOnFake pool(vm_options());
+  auto options = vm_options();
+  // Without homes: with them, a's growth maps into a reservation of its own (below).
+  options.stream_homes = 0;
+  PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
   cudaStream_t b = fake.create_stream();

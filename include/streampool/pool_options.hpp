@@ -65,6 +65,18 @@ struct STREAMPOOL_API PoolOptions {
   // requested byte with 0, 1.10 with 8M, 1.05 with 2M), and every mapping costs its own driver
   // calls, about 60 us on the H200, so growth is that much slower (docs/design.md).
   std::size_t mapping_bytes = 0;
+  // With expandable segments: up to this many live streams (0: none) each get a reservation of
+  // their own, which their large growths map into, and their large requests take no clean range
+  // from another live stream's while that stream asks for large memory (within its last 64 large
+  // requests of the pool's): the streams' memory stays apart, as in a pool per stream, so that
+  // one stream's buffers do not split the ranges another frees for itself. Memory moves between
+  // them as whole mappings (a growth gives back free mappings elsewhere before it maps), and a
+  // request that cannot grow takes what is free anywhere. A retired stream's reservation is open
+  // to all; a stream that needs a home claims it (a retired stream's state recycled for a new
+  // stream keeps its home). Streams past the limit, and slabs, grow outside the homes where a
+  // reservation has room, else anywhere.
+  std::uint32_t stream_homes = 4;
+  static constexpr std::uint32_t max_stream_homes = 64;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then
   // fails with Errc::out_of_memory, as when the device itself refuses.
   std::size_t max_reserved_bytes = 0;
@@ -110,7 +122,8 @@ struct STREAMPOOL_API PoolOptions {
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,
-  // slab, segment, large_rounding, large_shelf, expandable_segments, mapping, max_reserved, unfenced,
+  // slab, segment, large_rounding, large_shelf, expandable_segments, mapping, stream_homes,
+  // max_reserved, unfenced,
   // unfenced_us, idle_ms, fence_every_free, cross_stream_wait, stream_checks
   // (none|identity|full), stats_granule, nvtx_memory, trace_file (a path, taken as written).
   // Sizes take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are

@@ -107,6 +107,11 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     }
     else if (key == "expandable_segments") o.expandable_segments = parse_bool(key, value);
     else if (key == "mapping") o.mapping_bytes = parse_size(key, value);
+    else if (key == "stream_homes") {
+      const std::size_t n = parse_size(key, value);
+      if (n > max_stream_homes) bad(key, value, fmt::format("at most {}", max_stream_homes));
+      o.stream_homes = static_cast<std::uint32_t>(n);
+    }
     else if (key == "fence_every_free") o.fence_every_free = parse_bool(key, value);
     else if (key == "cross_stream_wait") o.cross_stream_wait = parse_bool(key, value);
     else if (key == "nvtx_memory") o.nvtx_memory = parse_bool(key, value);
@@ -126,7 +131,8 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
       throw Error(Errc::invalid_value, fmt::format("STREAMPOOL_CONF: unknown key '{}' (known: "
                                                    "smallest, per_doubling, largest, alignment, "
                                                    "slab, segment, large_rounding, large_shelf, "
-                                                   "expandable_segments, mapping, max_reserved, "
+                                                   "expandable_segments, mapping, stream_homes, "
+                                                   "max_reserved, "
                                                    "unfenced, unfenced_us, idle_ms, "
                                                    "fence_every_free, cross_stream_wait, "
                                                    "stream_checks, stats_granule, nvtx_memory, "
@@ -148,7 +154,8 @@ PoolOptions PoolOptions::from_environment(const PoolOptions& base) {
 std::string PoolOptions::to_conf() const {
   std::string conf = fmt::format(
       "smallest={},per_doubling={},largest={},alignment={},slab={},segment={},"
-      "large_rounding={},large_shelf={},expandable_segments={},mapping={},max_reserved={},"
+      "large_rounding={},large_shelf={},expandable_segments={},mapping={},stream_homes={},"
+      "max_reserved={},"
       "unfenced={},"
       "unfenced_us={},idle_ms={},"
       "fence_every_free={},cross_stream_wait={},"
@@ -156,6 +163,7 @@ std::string PoolOptions::to_conf() const {
       size_text(size_classes.smallest), size_classes.per_doubling, size_text(size_classes.largest),
       size_text(size_classes.alignment), size_text(slab_bytes), size_text(segment_bytes),
       size_text(large_rounding), large_shelf, expandable_segments, size_text(mapping_bytes),
+      stream_homes,
       size_text(max_reserved_bytes),
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
@@ -195,6 +203,9 @@ std::string PoolOptions::validate() const {
   }
   if (large_shelf > max_large_shelf) {
     return fmt::format("large_shelf ({}) must be at most {}", large_shelf, max_large_shelf);
+  }
+  if (stream_homes > max_stream_homes) {
+    return fmt::format("stream_homes ({}) must be at most {}", stream_homes, max_stream_homes);
   }
   if (trace_file.find('\0') != std::string::npos) {
     return "trace_file must not contain a NUL character (a path cannot)";

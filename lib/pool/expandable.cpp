@@ -75,7 +75,8 @@ bool LargeTier::expandable() noexcept {
   return vm_ == Vm::on;
 }
 
-LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool alone) noexcept {
+LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool alone,
+                                       const Segment* home, bool spare_kept) noexcept {
   // The free range just before a hole counts when the request may take it with what is mapped
   // after it: a clean one, or s's own (extend_own then joins them).
   const auto usable_before = [&](const Block* hole) -> std::size_t {
@@ -88,7 +89,10 @@ LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool
   };
   Plan best;
   for (const auto& segment : segments_) {
-    if (!segment->expandable) continue;
+    if (!segment->expandable || (home != nullptr && segment.get() != home) ||
+        (home == nullptr && spare_kept && kept_for_other(*segment, s))) {
+      continue;
+    }
     for (Block* r = segment->first; r != nullptr; r = r->after) {
       if (!r->hole) continue;
       const std::size_t before = alone ? 0 : usable_before(r);
@@ -101,7 +105,7 @@ LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool
   return best;
 }
 
-bool LargeTier::reserve(std::size_t rounded, Failure& error) noexcept {
+bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) noexcept {
   if (!calls_allowed(Restricted::malloc)) {
     error = forbidden_now();
     return false;
@@ -134,6 +138,7 @@ bool LargeTier::reserve(std::size_t rounded, Failure& error) noexcept {
     segment->size = size;
     segment->first = hole;
     segment->expandable = true;
+    if (home != nullptr && home_of(home) == nullptr) set_home(*segment, *home);
     segments_.push_back(std::move(segment));
     return true;
   } catch (const std::bad_alloc&) {
@@ -235,17 +240,36 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
 Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                               Failure& error) noexcept {
   bool lost = false;  // another thread took the range the last plan extended
+  bool homeless = false;  // a reservation of s's own could not be made: s grows anywhere
   for (int attempt = 0; attempt < growth_attempts; ++attempt) {
     Plan plan;
     Block* rest = nullptr;
     std::size_t chunks = 0;  // the mappings this growth makes, at most
+    bool new_home = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      // Stream homes: s grows in its own reservation, which it claims (one with no home, or a
+      // retired stream's) or makes while fewer than stream_homes live streams have one.
+      const Segment* home = s != nullptr && !homeless ? claim_home(*s) : nullptr;
+      new_home = s != nullptr && !homeless && home == nullptr && options_.stream_homes != 0 &&
+                 live_homes() < options_.stream_homes;
       bool alone = lost;
-      plan = plan_growth(s, rounded, alone);
-      // No hole holds the whole request: extending is still better than a new reservation.
-      if (alone && plan.hole == nullptr) plan = plan_growth(s, rounded, alone = false);
-      if (give_back_for(plan)) plan = plan_growth(s, rounded, alone);
+      // In s's home; else (s has none, or no hole of its home holds the request) where no other
+      // stream's home is, if a hole there holds it; else anywhere.
+      const auto planned = [&] {
+        Plan p = home != nullptr ? plan_growth(s, rounded, alone, home, false) : Plan{};
+        if (p.hole == nullptr) p = plan_growth(s, rounded, alone, nullptr, true);
+        return p.hole != nullptr ? p : plan_growth(s, rounded, alone, nullptr, false);
+      };
+      if (!new_home) {
+        plan = planned();
+        // No hole holds the whole request: extending is still better than a new reservation.
+        if (alone && plan.hole == nullptr) {
+          alone = false;
+          plan = planned();
+        }
+        if (give_back_for(plan)) plan = planned();
+      }
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
@@ -264,10 +288,20 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
         }
       }
     }
-    if (plan.hole == nullptr) {
-      if (!reserve(rounded, error)) return nullptr;
+    if (new_home) {
+      if (!reserve(rounded, s, error)) {
+        if (vm_ != Vm::on) return nullptr;  // no virtual memory after all: segments, as below
+        // Forbidden now (a capture), or the device refused: grow where s may without a home.
+        error.clear();
+        homeless = true;
+      }
       continue;
     }
+    if (plan.hole == nullptr) {
+      if (!reserve(rounded, nullptr, error)) return nullptr;
+      continue;
+    }
+    const Segment* const grown_in = plan.hole->segment;
     std::vector<Mapping> mappings;
     try {
       mappings.reserve(chunks);
@@ -286,7 +320,9 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
       // Under the same lock: no other thread's request can take what this growth mapped (under
       // churn on the H200, threads that looked again after unlocking lost it to each other and
       // retried through the out-of-memory ladder).
-      if (mapped) range = find_locked(s, rounded, had);
+      // Where s's requests would not look (a home of another's, when s's own had no hole for
+      // it), this one looks anyway: it mapped there for s.
+      if (mapped) range = find_locked(s, rounded, had, /*anywhere=*/grown_in != home_of(s));
     }
     if (!mappings.empty() && grew != nullptr) *grew = true;
     if (!mapped) return nullptr;

@@ -18,11 +18,17 @@
 // mappings of physical memory. Its unmapped parts are holes: ranges in no index, never free, that
 // growth maps (at the start of the hole after a free range the request can extend, so that the
 // segment grows in place) and that release_free_segments makes of whole free, covered mappings.
+// With PoolOptions::stream_homes, a stream's large growths map into a reservation of its own (its
+// home), and its large requests take no clean range from the home of another live stream that
+// asked for large memory lately: the streams' memory stays apart, as in a pool per stream, and
+// moves between them as whole mappings (given back by one home, mapped by another), when a home's
+// stream is idle, or when a growth fails.
 //
 // Invariants, under the arena mutex: a segment's ranges tile it exactly, in address order; every
 // free range that is not a slab is in exactly one index, the clean one iff it has no need, and
 // no range in use is in either; in an expandable segment the ranges that are not holes are
-// exactly its mappings' bytes, and holes begin and end at multiples of the granularity.
+// exactly its mappings' bytes, and holes begin and end at multiples of the granularity; only an
+// expandable segment has a home, and no two segments have the same one.
 #pragma once
 
 #include "block.hpp"
@@ -60,6 +66,11 @@ struct Segment {
   bool expandable = false;
   std::size_t mapped = 0;          // expandable: the bytes of `mappings`
   std::vector<Mapping> mappings;   // expandable: by offset
+  // Expandable: the stream whose large growths map here (its state's timeline, which passes to
+  // the stream its state is recycled for), or none; and the tier's large-request clock at that
+  // stream's last large request that missed its shelf. [LargeTier's mutex_]
+  const Timeline* home = nullptr;
+  std::uint64_t home_active = 0;
 };
 
 class LargeTier {
@@ -84,6 +95,10 @@ class LargeTier {
   // whether it did grow.
   // While calls_allowed() forbids cudaMalloc, it still grows by mapping into the
   // holes of a reservation made before, once the pool knows it has virtual memory.
+  // With stream homes, where s cannot grow (forbidden now, or the growth failed) it takes a
+  // clean range that s's requests leave to another stream's home (kept_for_other), if one
+  // fits: then it returns that range, `grew` false.
+
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
               Failure& error) noexcept;
   // Whether grow() may make device calls now: cudaMalloc allowed, or mappings into a known
@@ -139,8 +154,22 @@ class LargeTier {
     }
   };
   // All [mutex_].
-  Block* find_locked(StreamState* s, std::size_t rounded, Need* had) noexcept;
-  Block* best_fit(StreamState* s, std::size_t rounded) noexcept;
+  Block* find_locked(StreamState* s, std::size_t rounded, Need* had,
+                     bool anywhere = false) noexcept;
+  // Stream homes (PoolOptions::stream_homes). s's home, or null (s null, no home, or homes off).
+  Segment* home_of(const StreamState* s) const noexcept;
+  // Whether `segment` is kept for a stream other than s: the home of a stream that is not
+  // retired and made a large request within the last idle_home_requests. s's large requests take
+  // no clean range there while s has a home, and growths without a home map elsewhere first.
+  bool kept_for_other(const Segment& segment, const StreamState* s) const noexcept;
+  // Segments homed to streams that are not retired.
+  std::size_t live_homes() const noexcept;
+  // s's home; else a reservation with no home, or one whose stream retired, made s's while
+  // fewer than stream_homes live streams have one; else null.
+  const Segment* claim_home(StreamState& s) noexcept;
+  void set_home(Segment& segment, StreamState& s) noexcept;
+  // `anywhere`: also clean ranges in another stream's home (see home_of).
+  Block* best_fit(StreamState* s, std::size_t rounded, bool anywhere = false) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
   // The tightest fit among other streams' own ranges that is tighter than best_fit(s) and
   // within 1/8 of `rounded`, fenced but not known covered (null when best_fit(s) fits exactly);
@@ -171,9 +200,12 @@ class LargeTier {
   Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
                      Failure& error) noexcept;  // [growth_mutex_]
   // `alone`: map the whole request at a hole, extending nothing (after another thread took the
-  // range a plan extended).
-  Plan plan_growth(StreamState* s, std::size_t rounded, bool alone) noexcept;  // [mutex_]
-  bool reserve(std::size_t rounded, Failure& error) noexcept;     // [growth_mutex_]
+  // range a plan extended). Only the holes of `home` if given; else, with `spare_kept`, none of a
+  // segment kept for another stream (kept_for_other).
+  Plan plan_growth(StreamState* s, std::size_t rounded, bool alone, const Segment* home,
+                   bool spare_kept) noexcept;  // [mutex_]
+  // A new reservation, homed to `home` if given. [growth_mutex_]
+  bool reserve(std::size_t rounded, StreamState* home, Failure& error) noexcept;
   // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`. [growth_mutex_]
   bool map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept;
   // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
@@ -197,6 +229,9 @@ class LargeTier {
   std::set<Block*, BySize> clean_;
   std::set<Block*, ByOwner> owned_;
   std::vector<Block*> spare_;
+  // Large requests that missed their stream's shelf (find_tight): the clock by which a home's
+  // stream counts as active. [mutex_]
+  std::uint64_t large_requests_ = 0;
   std::atomic<Vm> vm_{Vm::unknown};  // written under growth_mutex_; may_grow_now() reads it
   std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
   // Unmapped, but the device refused to release their handles: still counted reserved. [mutex_]
