@@ -147,6 +147,10 @@ struct Stream {
   std::deque<Work> queue;
   std::optional<Capture> capture;
   bool destroyed = false;
+  // The front of `queue` is running: its body has started and not returned. It completes (and
+  // `completed` moves) only once the body has returned, as a kernel's event completes only once
+  // the kernel has finished.
+  bool running = false;
 };
 
 struct Event {
@@ -273,6 +277,24 @@ class AccessLog {
     return races;
   }
 
+  // An access to [begin, end) for which `pending(touch)` holds, and whether it writes; the last
+  // write and the reads since it are the accesses that may still run (earlier ones complete
+  // before them, or raced with them).
+  template <class Pending>
+  std::optional<std::pair<Touch, bool>> pending_access(std::uintptr_t begin, std::uintptr_t end,
+                                                       Pending pending) const {
+    auto it = segments_.upper_bound(begin);
+    if (it != segments_.begin()) --it;
+    for (; it != segments_.end() && it->first < end; ++it) {
+      if (it->second.end <= begin) continue;
+      if (it->second.write && pending(*it->second.write)) return std::pair{*it->second.write, true};
+      for (const Touch& read : it->second.reads) {
+        if (pending(read)) return std::pair{read, false};
+      }
+    }
+    return std::nullopt;
+  }
+
   // Freed memory is never allocated again: what touched it no longer matters.
   void forget(std::uintptr_t begin, std::uintptr_t end) {
     split(begin);
@@ -338,6 +360,7 @@ struct FakeDevice::State {
   AccessLog access_log;
 
   std::map<StreamId, Stream> streams;
+  std::uint64_t completions = 0;  // units completed so far
   std::unordered_map<cudaStream_t, StreamId> handles;
   std::vector<cudaStream_t> free_handles;  // LIFO: the last destroyed handle is reused first
   std::uintptr_t next_stream_handle = first_stream_handle;
@@ -481,6 +504,8 @@ struct FakeDevice::State {
         goals.pop_back();
         continue;
       }
+      // A body still running (this thread's: completions are serialized) completes first.
+      if (it->second.running) return nullptr;
       const Clock& follows = it->second.queue.front().follows;
       auto blocker = std::find_if(follows.begin(), follows.end(), [&](const auto& entry) {
         return !done(entry.first, entry.second);
@@ -493,38 +518,60 @@ struct FakeDevice::State {
 
   // Completes (id, seq) and everything it follows, one unit at a time: the body runs with
   // `mutex` released and the search starts over after it, since a body may change anything.
+  // The unit completes once its body has returned: until then queries and the race check see it
+  // pending (a body that completes work of its own stream leaves that work pending).
   void complete_through(StreamId id, std::uint64_t seq) {
     std::lock_guard serial(completion_mutex);
     for (;;) {
       std::function<void()> body;
-      Destructors destructors;
+      StreamId running = 0;
       {
         std::lock_guard lock(mutex);
         Stream* stream = next_to_complete(id, seq);
         if (stream == nullptr) return;
-        Work work = std::move(stream->queue.front());
-        stream->queue.pop_front();
-        stream->completed = work.seq;
-        if (stream->destroyed && stream->queue.empty()) streams.erase(stream->id);
-        retire_executables(destructors);
-        body = std::move(work.body);
+        stream->running = true;
+        running = stream->id;
+        body = std::move(stream->queue.front().body);
       }
+      // Completes the unit also when its body throws.
+      struct Finish {
+        State& state;
+        StreamId id;
+        ~Finish() {
+          Destructors destructors;
+          {
+            std::lock_guard lock(state.mutex);
+            Stream& stream = state.streams.at(id);  // not erased while its front runs
+            stream.running = false;
+            stream.completed = stream.queue.front().seq;
+            stream.queue.pop_front();
+            ++state.completions;
+            if (stream.destroyed && stream.queue.empty()) state.streams.erase(id);
+            state.retire_executables(destructors);
+          }
+          run_destructors(destructors);
+        }
+      } finish{*this, running};
       if (body) body();
-      run_destructors(destructors);
     }
   }
 
   void complete_everything() {
     for (;;) {
-      std::pair<StreamId, std::uint64_t> target;
+      std::vector<std::pair<StreamId, std::uint64_t>> targets;
+      std::uint64_t before = 0;
       {
         std::lock_guard lock(mutex);
-        auto it = std::find_if(streams.begin(), streams.end(),
-                               [](const auto& entry) { return !entry.second.queue.empty(); });
-        if (it == streams.end()) return;
-        target = {it->first, it->second.enqueued};
+        for (const auto& [id, stream] : streams) {
+          if (!stream.queue.empty()) targets.emplace_back(id, stream.enqueued);
+        }
+        before = completions;
       }
-      complete_through(target.first, target.second);
+      if (targets.empty()) return;
+      for (const auto& [id, seq] : targets) complete_through(id, seq);
+      std::lock_guard lock(mutex);
+      // Nothing moved: what is left waits for a body still running (the caller's own).
+      if (completions == before) return;
     }
   }
 
@@ -1183,6 +1230,7 @@ const char* FakeDevice::hazard_name(Hazard::Kind kind) noexcept {
     case Hazard::Kind::unordered_access: return "unordered_access";
     case Hazard::Kind::unrecorded_use: return "unrecorded_use";
     case Hazard::Kind::destroyed_stream: return "destroyed_stream";
+    case Hazard::Kind::unmapped_in_use: return "unmapped_in_use";
   }
   return "unknown";
 }
@@ -1390,8 +1438,18 @@ cudaError_t FakeDevice::vm_unmap(void* ptr, std::size_t bytes) noexcept {
   const auto range = s.whole_mappings(begin, end);
   if (!range) return cudaErrorInvalidValue;
   const auto [first, m] = *range;
+  const auto in_use = s.access_log.pending_access(
+      begin, end, [&](const AccessLog::Touch& t) { return !s.done(t.stream, t.seq); });
+  if (in_use) {
+    const auto& [touch, write] = *in_use;
+    s.hazards.push_back(
+        {Hazard::Kind::unmapped_in_use,
+         fmt::format("vm_unmap of [{:#x}, {:#x}) while a {} {} on {} that uses it is pending",
+                     begin, end, write ? "write" : "read", s.enqueued_at(touch.label),
+                     s.describe(touch.stream))});
+  }
   s.access_log.forget(begin, end);
-  if (s.options.host_backed) {
+  if (s.options.host_backed && !in_use) {
     // The contents go with the mapping: the pages go back to the system.
     ::mmap(ptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }

@@ -239,3 +239,49 @@ TEST_CASE("an access inside a live allocation, up to its last byte, or of no byt
   f.device.launch(f.b, {write_of(nullptr, 0)});  // touches no byte: nothing to check
   REQUIRE(f.device.hazards().empty());
 }
+
+// --- memory unmapped under pending work ---------------------------------------------------------
+
+TEST_CASE("unmapping memory that pending work uses is a hazard, and the work still runs",
+          "[fake][hazards]") {
+  const bool host_backed = GENERATE(false, true);
+  CAPTURE(host_backed);
+  RaceFixture f(host_backed);
+  const std::size_t granule = std::size_t{2} << 20;
+  void* base = nullptr;
+  streampool::VmHandle handle = 0;
+  REQUIRE(f.device.vm_reserve(&base, 2 * granule) == cudaSuccess);
+  REQUIRE(f.device.vm_create(&handle, granule) == cudaSuccess);
+  REQUIRE(f.device.vm_map(base, granule, handle) == cudaSuccess);
+  REQUIRE(f.device.vm_set_access(base, granule) == cudaSuccess);
+  const bool reads = GENERATE(false, true);
+  CAPTURE(reads);
+  bool ran = false;
+  const auto access = reads ? read_of(offset(base, 64), 64) : write_of(offset(base, 64), 64);
+  f.device.launch(f.a, {access}, [&] {
+    // What a kernel would do: touch the bytes (the fake's host memory, where it backs them).
+    if (host_backed) {
+      volatile unsigned char* byte = static_cast<unsigned char*>(base) + 64;
+      *byte = static_cast<unsigned char>(*byte + 1);
+    }
+    ran = true;
+  });
+  const bool completed_first = GENERATE(false, true);
+  CAPTURE(completed_first);
+  if (completed_first) f.device.complete_all();
+  // CUDA does not refuse the call: the pool must not make it while work uses the memory.
+  REQUIRE(f.device.vm_unmap(base, granule) == cudaSuccess);
+  f.device.complete_all();
+  CHECK(ran);
+  const auto hazards = hazards_of(f.device, HazardKind::unmapped_in_use);
+  if (completed_first) {
+    CHECK(f.device.hazards().empty());
+  } else {
+    REQUIRE(hazards.size() == 1);
+    CHECK_THAT(hazards[0].what, Catch::Contains(reads ? "read" : "write"));
+    CHECK_THAT(hazards[0].what, Catch::Contains(fmt::format("stream {} (id {})", fmt::ptr(f.a),
+                                                            id_of(f.device, f.a))));
+  }
+  REQUIRE(f.device.vm_release(handle) == cudaSuccess);
+  REQUIRE(f.device.vm_unreserve(base, 2 * granule) == cudaSuccess);
+}

@@ -327,7 +327,7 @@ TEST_CASE("bodies run without the fake's lock, so they may call the fake", "[fak
     device.complete(b);
   });
   device.complete(a);
-  REQUIRE(pending_seen == 0);  // the work running its body is already complete
+  REQUIRE(pending_seen == 1);  // the work running its body completes once the body returns
   REQUIRE(malloc_status == cudaSuccess);
   REQUIRE(device.pending_work() == 0);
   REQUIRE(device.free(ptr) == cudaSuccess);
@@ -454,4 +454,31 @@ TEST_CASE("many threads may use one FakeDevice at once", "[fake][streams]") {
   REQUIRE(device.pending_work() == 0);
   REQUIRE(device.live_allocations() == 0);
   REQUIRE(device.hazards().empty());
+}
+
+TEST_CASE("work completes once its body has returned: while it runs, the events recorded after "
+          "it and work that waits for it are pending",
+          "[fake][streams]") {
+  FakeDevice device;
+  cudaStream_t a = device.create_stream();
+  cudaStream_t b = device.create_stream();
+  cudaEvent_t after = nullptr;
+  REQUIRE(device.event_create(&after) == cudaSuccess);
+  std::optional<cudaError_t> seen_inside;
+  bool waiter_ran_first = false;
+  bool body_done = false;
+  device.launch(a, {}, [&] {
+    seen_inside = device.event_query(after);
+    body_done = true;
+  });
+  REQUIRE(device.event_record(after, a) == cudaSuccess);
+  REQUIRE(device.stream_wait_event(b, after) == cudaSuccess);
+  device.launch(b, {}, [&] { waiter_ran_first = !body_done; });
+  device.complete_all();
+  REQUIRE(seen_inside.has_value());
+  CHECK(*seen_inside == cudaErrorNotReady);
+  CHECK_FALSE(waiter_ran_first);
+  CHECK(device.event_query(after) == cudaSuccess);
+  CHECK(device.pending_work() == 0);
+  REQUIRE(device.event_destroy(after) == cudaSuccess);
 }

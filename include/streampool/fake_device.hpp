@@ -121,6 +121,10 @@ class STREAMPOOL_API FakeDevice final : public Device {
       unrecorded_use,
       // A stream destroyed while a live block was allocated on it or recorded on it.
       destroyed_stream,
+      // Memory unmapped (vm_unmap) while work that reads or writes it is still pending: on a
+      // GPU that work faults or touches whatever is mapped there next. The fake keeps the
+      // bytes readable until the end, so the work still runs.
+      unmapped_in_use,
     };
     Kind kind;
     std::string what;
@@ -152,9 +156,12 @@ class STREAMPOOL_API FakeDevice final : public Device {
 
   // Enqueues a unit of work on `stream` touching `accesses`; `body`, if given, runs when the work
   // completes (on the thread that completes it), so it can write host-backed memory like a
-  // kernel would. On a capturing stream the work is captured instead and runs on each launch of
-  // the graph. Bodies run in stream order with no lock of the fake held, so they may call it;
-  // completions are serialized, so a body must not wait for another thread that completes work.
+  // kernel would. The work is complete once its body has returned: while the body runs, the
+  // work, the events recorded after it and the work waiting for it are pending, as a kernel's
+  // are until it finishes. On a capturing stream the work is captured instead and runs on each
+  // launch of the graph. Bodies run in stream order with no lock of the fake held, so they may
+  // call it; completions are serialized, so a body must not wait for another thread that
+  // completes work, and work of its own stream or waiting for it cannot complete inside it.
   // `label` says in hazard messages where the work was enqueued (a kernel's name, say).
   void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
               std::function<void()> body = {}, std::string_view label = {});

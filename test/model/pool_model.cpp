@@ -1770,6 +1770,7 @@ void Model::check_hazards() {
     case FakeDevice::Hazard::Kind::unordered_access:
     case FakeDevice::Hazard::Kind::unrecorded_use:
     case FakeDevice::Hazard::Kind::destroyed_stream:
+    case FakeDevice::Hazard::Kind::unmapped_in_use:
       kind = FakeDevice::hazard_name(hazards.front().kind);
       break;
   }
