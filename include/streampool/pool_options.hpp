@@ -74,7 +74,9 @@ struct STREAMPOOL_API PoolOptions {
   // request that cannot grow takes what is free anywhere. A retired stream's reservation is open
   // to all; a stream that needs a home claims it (a retired stream's state recycled for a new
   // stream keeps its home). Streams past the limit, and slabs, grow outside the homes where a
-  // reservation has room, else anywhere.
+  // reservation has room, else anywhere. Homes are set aside while more streams than this ask
+  // for large memory, and for a while when they keep moving memory between them
+  // (docs/design.md, "A reservation per stream for large growths").
   std::uint32_t stream_homes = 4;
   static constexpr std::uint32_t max_stream_homes = 64;
   // Reserved device memory never exceeds this (0: no limit). Past it, the pool reclaims and then

@@ -249,9 +249,13 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // Stream homes: s grows in its own reservation, which it claims (one with no home, or a
-      // retired stream's) or makes while fewer than stream_homes live streams have one.
-      const Segment* home = s != nullptr && !homeless ? claim_home(*s) : nullptr;
-      new_home = s != nullptr && !homeless && home == nullptr && options_.stream_homes != 0 &&
+      // retired stream's) or makes while fewer than stream_homes live streams have one. Not
+      // while more streams than that ask for large memory (crowded_): growths confined to
+      // homes then moved memory between them at nearly every growth (give-back, then a mapping
+      // in the home), where growing anywhere extends the free range that needs least.
+      const bool homed = s != nullptr && !homeless && !crowded_;
+      const Segment* home = homed ? claim_home(*s) : nullptr;
+      new_home = homed && home == nullptr && options_.stream_homes != 0 &&
                  live_homes() < options_.stream_homes;
       bool alone = lost;
       // In s's home; else (s has none, or no hole of its home holds the request) where no other
@@ -268,7 +272,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           alone = false;
           plan = planned();
         }
-        if (give_back_for(plan)) plan = planned();
+        if (give_back_for(plan, s)) plan = planned();
       }
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
@@ -336,7 +340,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
   return nullptr;
 }
 
-bool LargeTier::give_back_for(const Plan& plan) noexcept {
+bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
   if (plan.hole == nullptr || !calls_allowed(Restricted::free)) return false;
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
@@ -344,11 +348,16 @@ bool LargeTier::give_back_for(const Plan& plan) noexcept {
   const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
   const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
   std::size_t released = 0;
+  bool moved = false;  // memory of a home kept for another stream
   for (const auto& segment : segments_) {
     if (!segment->expandable) continue;
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= keep) break;
-    released += unmap_free(*segment, keep, keep_begin, keep_end);
+    const std::size_t here = unmap_free(*segment, keep, keep_begin, keep_end);
+    moved = moved || (here > 0 && s != nullptr && segment.get() != plan.hole->segment &&
+                      kept_for_other(*segment, s));
+    released += here;
   }
+  if (moved) ++moves_;
   return released > 0;
 }
 

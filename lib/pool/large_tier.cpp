@@ -12,6 +12,8 @@ constexpr int waitable_scan = 64;  // cross_stream_wait: other streams' ranges e
 // Clean ranges in other streams' homes that best_fit steps over before it gives up and lets the
 // request grow in its own.
 constexpr int foreign_scan = 64;
+// Large requests over which LargeTier counts the growths that moved memory between homes.
+constexpr std::uint64_t move_window = 1024;
 // Large requests (those that miss their stream's shelf) since a home's stream made its last,
 // after which that stream counts as idle (kept_for_other). Eight streams taking turns (the test
 // "streams that take turns ...") made 188 / 192 / 279 / 1195 mappings with 32 / 64 / 256 / 1024
@@ -98,11 +100,54 @@ Segment* LargeTier::home_of(const StreamState* s) const noexcept {
   return nullptr;
 }
 
+void LargeTier::note_request(StreamState& s) noexcept {
+  if (options_.stream_homes == 0) return;
+  const std::uint64_t n = ++large_requests_;
+  recent_[n % recent_requests] = &s.timeline;
+  if (n % recent_requests == 0) {
+    // Distinct streams among the last recent_requests, counted up to one past the limit.
+    std::array<const Timeline*, recent_requests> seen{};
+    std::size_t distinct = 0;
+    for (const Timeline* t : recent_) {
+      if (t == nullptr || std::find(seen.begin(), seen.begin() + distinct, t) !=
+                              seen.begin() + distinct) {
+        continue;
+      }
+      seen[distinct++] = t;
+      if (distinct > options_.stream_homes) break;
+    }
+    if (distinct > options_.stream_homes) {
+      crowded_until_ = std::max(crowded_until_, n + recent_requests);
+    }
+  }
+  if (n % move_window == 0) {
+    // Memory moved between homes at more than one growth in 32 large requests: homes cost more
+    // device calls than they save memory (four streams of random sizes up to 8 MiB under
+    // streampool-bench stress --fake: ~9,000 mappings in 10 s, against ~60 without homes).
+    // Set aside for 16 windows, twice as long each time it happens again (up to 1024 windows)
+    // before 16 windows in a row with homes and few moves.
+    if (moves_ * 32 > move_window) {
+      crowded_until_ = std::max(crowded_until_, n + (move_window << (4 + set_asides_)));
+      set_asides_ = std::min<std::uint32_t>(set_asides_ + 1, 6);
+      quiet_windows_ = 0;
+    } else if (n >= crowded_until_ + move_window && ++quiet_windows_ == 16) {
+      set_asides_ = 0;
+    }
+    moves_ = 0;
+  }
+  crowded_ = n < crowded_until_;
+  if (Segment* home = home_of(&s)) home->home_active = n;
+}
+
 bool LargeTier::kept_for_other(const Segment& segment, const StreamState* s) const noexcept {
   const Timeline* home = segment.home;
   if (home == nullptr || (s != nullptr && home == &s->timeline) || home->stream == nullptr) {
     return false;
   }
+  // More streams ask for large memory than there are homes: keeping ranges for some of them
+  // would move memory by unmapping and mapping it again at nearly every growth (24 streams on 4
+  // homes under streampool-bench stress: ~10,000 mappings in 12 s on the H200, ~120 without).
+  if (crowded_) return false;
   // A stream that has not asked for large memory for a while leaves its home's free ranges to
   // the others: keeping them would move memory between homes by unmapping and mapping it again
   // (~100-170 us a move on the H200) where streams take turns.
@@ -278,8 +323,7 @@ Block* LargeTier::find_tight(StreamState& s, std::size_t rounded, Need* had) noe
   StreamState* owner = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++large_requests_;
-    if (Segment* home = home_of(&s)) home->home_active = large_requests_;
+    note_request(s);
     const Block* other = tighter_owned(s, rounded);
     if (other == nullptr) return find_locked(&s, rounded, had);
     owner = other->need.timeline->stream;

@@ -38,6 +38,7 @@
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -168,6 +169,8 @@ class LargeTier {
   // fewer than stream_homes live streams have one; else null.
   const Segment* claim_home(StreamState& s) noexcept;
   void set_home(Segment& segment, StreamState& s) noexcept;
+  // Counts a large request of s on the clocks above.
+  void note_request(StreamState& s) noexcept;
   // `anywhere`: also clean ranges in another stream's home (see home_of).
   Block* best_fit(StreamState* s, std::size_t rounded, bool anywhere = false) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
@@ -219,7 +222,7 @@ class LargeTier {
   // (not the free range the plan extends), so that the growth reuses memory fragmentation left
   // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
   // again). [growth_mutex_, mutex_]
-  bool give_back_for(const Plan& plan) noexcept;
+  bool give_back_for(const Plan& plan, const StreamState* s) noexcept;
 
   PoolCore& pool_;
   const PoolOptions& options_;
@@ -232,6 +235,18 @@ class LargeTier {
   // Large requests that missed their stream's shelf (find_tight): the clock by which a home's
   // stream counts as active. [mutex_]
   std::uint64_t large_requests_ = 0;
+  // The streams of the last recent_requests of them; growths among those that gave back memory
+  // of a home kept for another stream (give_back_for), and until which request homes are set
+  // aside (crowded_: no home kept for its stream, growths anywhere) because more than
+  // stream_homes distinct streams made those requests, or too many of them moved memory between
+  // homes. Counted again each time the ring wraps. [mutex_]
+  static constexpr std::size_t recent_requests = 64;
+  std::array<const Timeline*, recent_requests> recent_{};
+  std::size_t moves_ = 0;
+  std::uint64_t crowded_until_ = 0;
+  std::uint32_t set_asides_ = 0;     // for moves, one after the other
+  std::uint32_t quiet_windows_ = 0;  // with homes and few moves, since the last set-aside
+  bool crowded_ = false;
   std::atomic<Vm> vm_{Vm::unknown};  // written under growth_mutex_; may_grow_now() reads it
   std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
   // Unmapped, but the device refused to release their handles: still counted reserved. [mutex_]
