@@ -465,20 +465,27 @@ TEST_CASE("work completes once its body has returned: while it runs, the events 
   cudaEvent_t after = nullptr;
   REQUIRE(device.event_create(&after) == cudaSuccess);
   std::optional<cudaError_t> seen_inside;
-  bool waiter_ran_first = false;
-  bool body_done = false;
+  std::size_t pending_inside = 0;
+  bool waiter_ran = false;
+  bool waiter_ran_inside = false;
   device.launch(a, {}, [&] {
     seen_inside = device.event_query(after);
-    body_done = true;
+    device.complete(b);  // b's work waits for this one: it cannot complete before it
+    waiter_ran_inside = waiter_ran;
+    pending_inside = device.pending_work();
   });
   REQUIRE(device.event_record(after, a) == cudaSuccess);
   REQUIRE(device.stream_wait_event(b, after) == cudaSuccess);
-  device.launch(b, {}, [&] { waiter_ran_first = !body_done; });
-  device.complete_all();
+  device.launch(b, {}, [&] { waiter_ran = true; });
+  device.complete(a);
   REQUIRE(seen_inside.has_value());
   CHECK(*seen_inside == cudaErrorNotReady);
-  CHECK_FALSE(waiter_ran_first);
+  CHECK_FALSE(waiter_ran_inside);
+  CHECK(pending_inside == 2);  // a's running work and b's
   CHECK(device.event_query(after) == cudaSuccess);
+  CHECK_FALSE(waiter_ran);  // complete(a) completes a's work only
+  device.complete(b);
+  CHECK(waiter_ran);
   CHECK(device.pending_work() == 0);
   REQUIRE(device.event_destroy(after) == cudaSuccess);
 }

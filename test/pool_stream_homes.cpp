@@ -108,7 +108,7 @@ TEST_CASE("a stream whose home cannot grow takes a clean range of another's home
   write_on(fake, b, y);
   fake.complete_all();  // the free 4 MiB after y is clean: x's drop recorded b's fence
   // a's home cannot grow (8 MiB reserved is the limit), and b's mapping is partly in use, so
-  // nothing can be given back: a takes the clean 4 MiB from b's former home.
+  // nothing can be given back: a takes the clean 4 MiB from b's home.
   auto z = Bytes::alloc_async(*pool, 4 * MiB, a);
   CHECK(z.data() == b_base + 2 * MiB);
   CHECK(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(8 * MiB));
@@ -252,13 +252,15 @@ TEST_CASE("streams that take turns take each other's free memory, not new mappin
   CHECK(creates <= 350);  // 266 without homes; 1195 when a home was kept for an idle stream
 }
 
-// Four streams that all ask at once, for sizes that come and go: each home's free memory is
-// what another needs next, and keeping it apart would move memory between the homes (unmapped
-// in one, mapped again in another) at nearly every growth. Homes are set aside then.
+// Streams that all ask at once, for sizes that come and go: each home's free memory is what
+// another needs next, and keeping it apart would move memory between the homes (unmapped in one,
+// mapped again in another) at nearly every growth. Homes are set aside then: with four streams
+// on four homes once the moves are counted, with six at once (more streams than homes).
 TEST_CASE("streams that need each other's memory at once do not move it between homes at every "
           "growth") {
   const std::uint32_t homes = GENERATE(0u, 4u);
-  CAPTURE(homes);
+  const std::size_t count = GENERATE(4u, 6u);
+  CAPTURE(homes, count);
   streampool::FakeDevice::Options device;
   device.capacity = 4096 * MiB;
   auto options = home_options(homes);
@@ -267,8 +269,8 @@ TEST_CASE("streams that need each other's memory at once do not move it between 
   PoolOnFake pool(options, device);
   FakeDevice& fake = pool.fake();
   std::vector<cudaStream_t> streams;
-  std::vector<std::deque<Bytes>> live(4);
-  for (int i = 0; i < 4; ++i) streams.push_back(fake.create_stream());
+  std::vector<std::deque<Bytes>> live(count);
+  for (std::size_t i = 0; i < count; ++i) streams.push_back(fake.create_stream());
   std::uint64_t seed = 12345;
   for (int i = 0; i < 40000; ++i) {
     const auto k = static_cast<std::size_t>(i) % streams.size();
@@ -283,7 +285,9 @@ TEST_CASE("streams that need each other's memory at once do not move it between 
   fake.complete_all();
   CHECK(fake.hazards().empty());
   const auto creates = fake.calls(Call::vm_create);
-  WARN("homes " << homes << ": " << creates << " mappings made, peak "
+  WARN("homes " << homes << ", " << count << " streams: " << creates << " mappings made, peak "
                 << pool->stats().reserved_bytes.peak / static_cast<std::int64_t>(MiB) << " MiB");
-  CHECK(creates <= 400);  // 63 without homes, 282 with; 3816 when homes were never set aside
+  // Four streams: 63-65 without homes, 282-314 with, 3816 when homes were never set aside. Six:
+  // 79 without homes, 99 with, 269 when only the moves set them aside.
+  CHECK(creates <= (count > homes && homes != 0 ? 200u : 400u));
 }

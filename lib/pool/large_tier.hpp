@@ -98,8 +98,7 @@ class LargeTier {
   // holes of a reservation made before, once the pool knows it has virtual memory.
   // With stream homes, where s cannot grow (forbidden now, or the growth failed) it takes a
   // clean range that s's requests leave to another stream's home (kept_for_other), if one
-  // fits: then it returns that range, `grew` false.
-
+  // fits, and returns that range (`grew` then says whether the failed growth mapped anything).
   Block* grow(StreamState* s, std::size_t rounded, Need* had, bool* grew,
               Failure& error) noexcept;
   // Whether grow() may make device calls now: cudaMalloc allowed, or mappings into a known
@@ -235,11 +234,12 @@ class LargeTier {
   // Large requests that missed their stream's shelf (find_tight): the clock by which a home's
   // stream counts as active. [mutex_]
   std::uint64_t large_requests_ = 0;
-  // The streams of the last recent_requests of them; growths among those that gave back memory
-  // of a home kept for another stream (give_back_for), and until which request homes are set
-  // aside (crowded_: no home kept for its stream, growths anywhere) because more than
-  // stream_homes distinct streams made those requests, or too many of them moved memory between
-  // homes. Counted again each time the ring wraps. [mutex_]
+  // The streams of the last recent_requests of them (their distinct count is taken each time
+  // the ring wraps); the growths that gave back memory of a home kept for another stream
+  // (give_back_for) in the current window of move_window requests; and until which request
+  // homes are set aside (crowded_: no home kept for its stream, growths anywhere), because more
+  // than stream_homes distinct streams made the ring's requests, or too many growths of a
+  // window moved memory between homes. [mutex_]
   static constexpr std::size_t recent_requests = 64;
   std::array<const Timeline*, recent_requests> recent_{};
   std::size_t moves_ = 0;
