@@ -575,8 +575,13 @@ struct FakeDevice::State {
     }
   }
 
-  void complete_clock(const Clock& clock) {
+  // Completes what `clock` names; false when some of it could not complete because it is, or
+  // waits for, the body that called this (a synchronize inside a body waits for that body).
+  bool complete_clock(const Clock& clock) {
     for (const auto& [stream, seq] : clock) complete_through(stream, seq);
+    std::lock_guard lock(mutex);
+    return std::all_of(clock.begin(), clock.end(),
+                       [&](const auto& entry) { return done(entry.first, entry.second); });
   }
 
   // --- user objects -----------------------------------------------------------------------
@@ -1525,8 +1530,7 @@ cudaError_t FakeDevice::event_synchronize(cudaEvent_t event) noexcept {
     covers = it->second.covers;
     s.host_learns(it->second.order);
   }
-  s.complete_clock(covers);
-  return cudaSuccess;
+  return s.complete_clock(covers) ? cudaSuccess : cudaErrorNotPermitted;
 }
 
 // --- the seam: streams ------------------------------------------------------------------------
@@ -1577,8 +1581,7 @@ cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
     covers = s.snapshot(*target);
     s.host_learns(s.order_snapshot(*target));
   }
-  s.complete_clock(covers);
-  return cudaSuccess;
+  return s.complete_clock(covers) ? cudaSuccess : cudaErrorNotPermitted;
 }
 
 cudaError_t FakeDevice::device_synchronize() noexcept {
@@ -1602,8 +1605,7 @@ cudaError_t FakeDevice::device_synchronize() noexcept {
     }
     s.host_learns_everything();
   }
-  s.complete_clock(before);
-  return cudaSuccess;
+  return s.complete_clock(before) ? cudaSuccess : cudaErrorNotPermitted;
 }
 
 cudaError_t FakeDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {

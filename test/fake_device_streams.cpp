@@ -489,3 +489,32 @@ TEST_CASE("work completes once its body has returned: while it runs, the events 
   CHECK(device.pending_work() == 0);
   REQUIRE(device.event_destroy(after) == cudaSuccess);
 }
+
+TEST_CASE("a synchronize inside a body that waits for that body is not permitted; one that does "
+          "not wait for it completes",
+          "[fake][streams]") {
+  FakeDevice device;
+  cudaStream_t a = device.create_stream();
+  cudaStream_t c = device.create_stream();
+  cudaEvent_t on_a = nullptr;
+  REQUIRE(device.event_create(&on_a) == cudaSuccess);
+  REQUIRE(device.event_record(on_a, a) == cudaSuccess);  // covers nothing yet: complete
+  bool c_ran = false;
+  device.launch(c, {}, [&] { c_ran = true; });
+  cudaError_t own = cudaSuccess;
+  cudaError_t other = cudaErrorUnknown;
+  cudaError_t whole_device = cudaSuccess;
+  device.launch(a, {}, [&] {
+    own = device.stream_synchronize(a);
+    other = device.stream_synchronize(c);
+    whole_device = device.device_synchronize();
+  });
+  device.complete(a);
+  CHECK(own == cudaErrorNotPermitted);
+  CHECK(other == cudaSuccess);
+  CHECK(c_ran);
+  CHECK(whole_device == cudaErrorNotPermitted);
+  CHECK(device.pending_work() == 0);
+  CHECK(device.event_synchronize(on_a) == cudaSuccess);
+  REQUIRE(device.event_destroy(on_a) == cudaSuccess);
+}

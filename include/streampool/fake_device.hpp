@@ -161,7 +161,8 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // are until it finishes. On a capturing stream the work is captured instead and runs on each
   // launch of the graph. Bodies run in stream order with no lock of the fake held, so they may
   // call it; completions are serialized, so a body must not wait for another thread that
-  // completes work, and work of its own stream or waiting for it cannot complete inside it.
+  // completes work, and work of its own stream or waiting for it cannot complete inside it: a
+  // synchronize there that waits for it returns cudaErrorNotPermitted.
   // `label` says in hazard messages where the work was enqueued (a kernel's name, say).
   void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
               std::function<void()> body = {}, std::string_view label = {});
