@@ -68,8 +68,8 @@ struct STREAMPOOL_API PoolOptions {
   // With expandable segments: up to this many live streams (0: none) each get a reservation of
   // their own, which their large growths map into, and their large requests take no clean range
   // from another live stream's while that stream asks for large memory (its last large request
-  // at most 64 of the pool's ago): the streams' memory stays apart, as in a pool per stream, so that
-  // one stream's buffers do not split the ranges another frees for itself. Memory moves between
+  // at most 64 of the pool's ago): the streams' memory stays apart, as in a pool per stream, so
+  // that one stream's buffers do not split the ranges another frees for itself. Memory moves between
   // them as whole mappings (a growth gives back free mappings elsewhere before it maps), and a
   // request that cannot grow takes what is free anywhere. A retired stream's reservation is open
   // to all; a stream that needs a home claims it (a retired stream's state recycled for a new

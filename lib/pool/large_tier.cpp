@@ -19,6 +19,12 @@ constexpr std::uint64_t move_window = 1024;
 // "streams that take turns ...") made 188 / 192 / 279 / 1195 mappings with 32 / 64 / 256 / 1024
 // against 266 without homes; the pipeline workload replays at 1.285 from 64 up (1.298 at 32).
 constexpr std::uint64_t idle_home_requests = 64;
+
+// Whether a segment's home names a stream that is not retired.
+bool live_home(const Timeline* home) noexcept {
+  return home != nullptr && home->stream != nullptr &&
+         (home->stream->attention.load(std::memory_order_relaxed) & retired) == 0;
+}
 }
 
 LargeTier::LargeTier(PoolCore& pool, const PoolOptions& options) noexcept
@@ -140,10 +146,7 @@ void LargeTier::note_request(StreamState& s) noexcept {
 }
 
 bool LargeTier::kept_for_other(const Segment& segment, const StreamState* s) const noexcept {
-  const Timeline* home = segment.home;
-  if (home == nullptr || (s != nullptr && home == &s->timeline) || home->stream == nullptr) {
-    return false;
-  }
+  if (!live_home(segment.home) || (s != nullptr && segment.home == &s->timeline)) return false;
   // More streams ask for large memory than there are homes: keeping ranges for some of them
   // would move memory by unmapping and mapping it again at nearly every growth (24 streams on 4
   // homes under streampool-bench stress: ~10,000 mappings in 12 s on the H200, ~120 without).
@@ -151,19 +154,12 @@ bool LargeTier::kept_for_other(const Segment& segment, const StreamState* s) con
   // A stream that has not asked for large memory for a while leaves its home's free ranges to
   // the others: keeping them would move memory between homes by unmapping and mapping it again
   // (~100-170 us a move on the H200) where streams take turns.
-  if (large_requests_ - segment.home_active > idle_home_requests) return false;
-  return (home->stream->attention.load(std::memory_order_relaxed) & retired) == 0;
+  return large_requests_ - segment.home_active <= idle_home_requests;
 }
 
 std::size_t LargeTier::live_homes() const noexcept {
   std::size_t n = 0;
-  for (const auto& segment : segments_) {
-    const Timeline* home = segment->home;
-    if (home != nullptr && home->stream != nullptr &&
-        (home->stream->attention.load(std::memory_order_relaxed) & retired) == 0) {
-      ++n;
-    }
-  }
+  for (const auto& segment : segments_) n += live_home(segment->home) ? 1 : 0;
   return n;
 }
 
@@ -177,11 +173,8 @@ const Segment* LargeTier::claim_home(StreamState& s) noexcept {
   if (const Segment* home = home_of(&s)) return home;
   if (live_homes() >= options_.stream_homes) return nullptr;
   for (const auto& segment : segments_) {
-    const Timeline* home = segment->home;
-    const bool open = home == nullptr || (home->stream != nullptr &&
-                                          (home->stream->attention.load(std::memory_order_relaxed) &
-                                           retired) != 0);
-    if (segment->expandable && open) {
+    // No home, or a retired stream's (a timeline with no stream is never a home).
+    if (segment->expandable && !live_home(segment->home)) {
       set_home(*segment, s);
       return segment.get();
     }
@@ -200,7 +193,8 @@ Block* LargeTier::best_fit(StreamState* s, std::size_t bytes, bool anywhere) noe
   }
   auto it = clean_.lower_bound(&probe);
   // A stream with a home takes no clean range from another's: its own memory grows instead, and
-  // the other stream's stays where it frees it for itself (docs/design.md, "Stream homes").
+  // the other stream's stays where it frees it for itself (docs/design.md, "A reservation per
+  // stream for large growths").
   if (!anywhere && home_of(s) != nullptr) {
     for (int stepped = 0; it != clean_.end() && kept_for_other(*(*it)->segment, s); ++it) {
       if (++stepped == foreign_scan) {
