@@ -2,6 +2,7 @@
 // the peak of requested bytes keeps stats_granule's promise; and the formatter names every field.
 #include "pool_helpers.hpp"
 
+#include <streampool/capture_pool.hpp>
 #include <streampool/format.hpp>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <random>
 #include <vector>
 
+using streampool::CapturePool;
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 using streampool::PoolStats;
@@ -337,6 +339,49 @@ TEST_CASE("with stats_granule > 0 the peak of requested bytes keeps the granule'
       const PoolStats stats = pool->stats();
       REQUIRE(stats.requested_bytes.current == now);
       REQUIRE(stats.requested_bytes.peak == peak);
+    }
+  }
+  SECTION("a lone stream's falls, unpublished while it was alone, are published before another "
+          "contributor's rise can raise the peak") {
+    // While one stream is all the pool has seen, its drops publish no fall (stats.cpp): a pair of
+    // a buffer over two granules would otherwise write the shared sums twice. Had the falls still
+    // waited when the second contributor came, its first rise would add to the lone stream's
+    // highest: a peak of 8 MiB + what it asked.
+    PoolOnFake pool(options);
+    cudaStream_t a = pool.fake().create_stream();
+    for (int i = 0; i < 3; ++i) {
+      Bytes big = Bytes::alloc_async(*pool, 8 * MiB, a);
+      Bytes small = Bytes::alloc_async(*pool, 64 * KiB, a);
+    }
+    {
+      Bytes small = Bytes::alloc_async(*pool, 64 * KiB, a);
+      REQUIRE(pool->stats().requested_bytes.peak == signed_bytes(8 * MiB + 64 * KiB));
+      REQUIRE(pool->stats().requested_bytes.current == signed_bytes(64 * KiB));
+    }
+    const auto expected_peak = signed_bytes(8 * MiB + 64 * KiB);
+    SECTION("a second stream") {
+      cudaStream_t b = pool.fake().create_stream();
+      Bytes on_b = Bytes::alloc_async(*pool, 3 * MiB, b);
+      REQUIRE(pool->stats().requested_bytes.peak == expected_peak);
+      Bytes more = Bytes::alloc_async(*pool, 6 * MiB, b);
+      REQUIRE(pool->stats().requested_bytes.peak == signed_bytes(9 * MiB));  // 3 + 6 on b, none on a
+    }
+    SECTION("the lone stream released, then a new one") {
+      pool->release_stream(a);
+      cudaStream_t b = pool.fake().create_stream();
+      Bytes on_b = Bytes::alloc_async(*pool, 3 * MiB, b);
+      REQUIRE(pool->stats().requested_bytes.peak == expected_peak);
+    }
+    SECTION("a range a CapturePool sets aside") {
+      auto capture = std::make_shared<CapturePool>(*pool);
+      capture->reserve(3 * MiB);
+      REQUIRE(pool->stats().requested_bytes.current >= signed_bytes(3 * MiB));
+      REQUIRE(pool->stats().requested_bytes.peak == expected_peak);
+    }
+    SECTION("on the lone stream alone, the peak is exact still") {
+      Bytes big = Bytes::alloc_async(*pool, 8 * MiB, a);
+      Bytes more = Bytes::alloc_async(*pool, 2 * MiB, a);
+      REQUIRE(pool->stats().requested_bytes.peak == signed_bytes(10 * MiB));
     }
   }
   SECTION("on several streams it is at least the true peak and at most two granules per stream "

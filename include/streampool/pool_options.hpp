@@ -102,8 +102,9 @@ struct STREAMPOOL_API PoolOptions {
   // (cudaStreamWaitEvent) and take the block at once, instead of leaving it and growing.
   bool cross_stream_wait = false;
   StreamChecks stream_checks = StreamChecks::full;
-  // Pool-wide peaks of requested bytes are exact to within 2 x stats_granule per stream (0: exact,
-  // at the price of one shared atomic update per allocation and drop; at most 1 TiB).
+  // Pool-wide peaks of requested bytes are exact while the pool has seen one stream, and to within
+  // 2 x stats_granule per stream with several (0: exact, at the price of one shared atomic update
+  // per allocation and drop; at most 1 TiB).
   std::size_t stats_granule = std::size_t{1} << 20;
   // Record every allocation and free of the pool to this file, as a trace that
   // `streampool-bench replay` reads (empty: no recording, the default). The file is created (or

@@ -259,6 +259,10 @@ class PoolCore {
 
   // stats.cpp
   void publish(StreamCounters& c, bool exact = false) noexcept;  // [lock of c's stream]
+  // Ends the one-stream regime of the published sums (falls_wait_): every stream publishes its
+  // falls, before a second stream, or a range held by a layer above, can raise a peak. Once; the
+  // registry calls it when it first sees a second stream or a stream retire. [no stream lock]
+  void publish_falls() noexcept;
   void count_device_allocation(std::size_t bytes) noexcept;
   void count_device_free(std::size_t bytes) noexcept;
   std::int64_t stats_reserved() const noexcept { return reserved_.load(); }
@@ -315,8 +319,11 @@ class PoolCore {
     c.requested -= static_cast<std::int64_t>(b->requested);
     --c.live;
     b->requested = 0;
-    if (c.requested_published - c.requested > byte_slack_ ||
-        c.live_published - c.live > count_slack_) {
+    // With one stream, its falls wait (falls_wait_): what it published is at least the truth,
+    // and only its own rises, published exactly, raise the peaks.
+    if ((c.requested_published - c.requested > byte_slack_ ||
+         c.live_published - c.live > count_slack_) &&
+        !falls_wait_.load(std::memory_order_relaxed)) {
       publish(c);
     }
     return s.orphaned;
@@ -342,6 +349,9 @@ class PoolCore {
   // How far a stream's published byte and allocation counts may run above its true ones.
   const std::int64_t byte_slack_;
   const std::int64_t count_slack_;
+  // While the pool has seen one stream and no range held above: drops publish no fall (stats.cpp).
+  // Read by every drop, written once (publish_falls), under each stream's lock in turn.
+  std::atomic<bool> falls_wait_{true};
 
   EventPool events_;
   Timeline device_timeline_;

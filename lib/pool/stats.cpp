@@ -8,6 +8,16 @@
 // stream that is registered or holds live buffers above it (a retired stream publishes its exact
 // values); with a single stream the peak is exact (a rise publishes the exact value), and with
 // stats_granule = 0 it is always exact.
+//
+// A same-stream pair of a buffer larger than two granules would still write the shared sums
+// twice (a rise at the allocation, a fall at the drop): two atomic adds on a shared line, most of
+// what such a pair cost on the H200 beyond a small one. So while the pool has seen only one stream
+// (and no layer above holds a range), drops publish no fall at all: the stream's published values
+// stay at its highest, never below the truth, and the peaks are exact still, since only that
+// stream's rises above its highest, published exactly, can raise them. The first sign of a second
+// contributor (the registry's note of several streams: a second stream registered, or a stream
+// retired; a range taken by a layer above) ends this for good, every stream publishing first under
+// its lock (publish_falls), before the newcomer's first rise can be counted.
 #include "pool_core.hpp"
 
 #include <fmt/format.h>
@@ -38,7 +48,19 @@ void PoolCore::publish(StreamCounters& c, bool exact) noexcept {
   publish_one(c.live, c.live_published, exact ? 0 : count_slack_, live_published_, live_peak_);
 }
 
+void PoolCore::publish_falls() noexcept {
+  if (!falls_wait_.exchange(false, std::memory_order_relaxed)) return;
+  // A drop that read the flag before this store holds its stream's lock: the walk below takes
+  // that lock after it, and publishes what the drop left unpublished.
+  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+    s->lock.lock();
+    publish(s->counters);
+    s->lock.unlock();
+  }
+}
+
 void PoolCore::count_range(const Block& range, bool taken) noexcept {
+  publish_falls();  // a range's rise may raise a peak: no stream's fall may wait from now on
   std::lock_guard<std::mutex> lock(keepers_mutex_);
   const auto bytes = static_cast<std::int64_t>(range.size);
   StreamCounters& c = ranges_;

@@ -213,6 +213,8 @@ void StreamRegistry::note_several() noexcept {
     s->unfenced_limit = limit;
     s->lock.unlock();
   }
+  // And every stream's falls are published from now on, before the new stream's first rise.
+  pool_.publish_falls();
 }
 
 void StreamRegistry::retire_idle() noexcept {
