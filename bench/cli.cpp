@@ -408,7 +408,7 @@ int bench_main(std::vector<std::string> args, std::ostream& out, std::ostream& e
       "tune", "search pool configurations on the fake device and recommend the best, as the "
               "keys it changes on top of your settings");
   add_inputs(*tune_cmd, a.in, true);
-  tune_cmd->add_flag("--wide", a.wide, "search about a thousand configurations, not a few dozen");
+  tune_cmd->add_flag("--wide", a.wide, "search about two thousand configurations, not a few dozen");
   tune_cmd->add_option("--top", a.top, "rows to print besides the baseline")
       ->check(whole_number(1, std::numeric_limits<std::uint64_t>::max()))
       ->capture_default_str();

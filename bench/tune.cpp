@@ -17,11 +17,11 @@ std::vector<PoolOptions> tune_grid(const PoolOptions& base, bool wide) {
   const Sizes largest = wide ? Sizes{128 * KiB, 256 * KiB, 1 * MiB} : Sizes{256 * KiB, 1 * MiB};
   const std::vector<unsigned> per_doubling = wide ? std::vector<unsigned>{2, 4, 8}
                                                   : std::vector<unsigned>{2, 4};
-  const Sizes rounding = wide ? Sizes{128 * KiB, 256 * KiB, 1 * MiB, 2 * MiB}
-                              : Sizes{256 * KiB, 2 * MiB};
+  const Sizes rounding = wide ? Sizes{32 * KiB, 128 * KiB, 256 * KiB, 1 * MiB, 2 * MiB}
+                              : Sizes{32 * KiB, 256 * KiB, 2 * MiB};
   const Sizes segment = wide ? Sizes{16 * MiB, 20 * MiB, 32 * MiB, 64 * MiB, 128 * MiB}
                              : Sizes{20 * MiB, 64 * MiB, 128 * MiB};
-  const Sizes slab = wide ? Sizes{1 * MiB, 2 * MiB, 4 * MiB} : Sizes{base.slab_bytes};
+  const Sizes slab = wide ? Sizes{256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB} : Sizes{base.slab_bytes};
   // The shelf buys speed, which a replay on the fake device does not weigh: the base's own
   // setting first, so that a tie in memory keeps it.
   const std::vector<std::uint32_t> shelf =

@@ -38,13 +38,16 @@ struct STREAMPOOL_API PoolOptions {
   // two-stream traces recorded on the H200 with the embedded workloads: bench/results/h200.md.)
   SizeClassConfig size_classes{};  // 512 B, 4 per doubling, up to 256 KiB, 256 B aligned
   // Small blocks are carved from slabs of about this size (at least one block; at most 1 GiB).
-  std::size_t slab_bytes = std::size_t{1} << 20;
+  // (256 KiB and, below, large_rounding 32 KiB since 2026-12-04: with expandable segments they
+  // hold the least memory on the traces and workloads, the transformer workload aside;
+  // bench/results/h200-compare-defaults-slab256k.md.)
+  std::size_t slab_bytes = std::size_t{256} << 10;
   // The large tier reserves device memory in segments of at least this size (at most 1 TiB) and
   // serves larger requests best-fit from them, splitting and coalescing ranges.
   std::size_t segment_bytes = std::size_t{20} << 20;
   // Large requests round up to a multiple of this (a power of two, at least the alignment, at
   // most 1 TiB).
-  std::size_t large_rounding = std::size_t{128} << 10;
+  std::size_t large_rounding = std::size_t{32} << 10;
   // Each stream keeps up to this many large ranges it dropped on a shelf of its own (0: none), and
   // a request on it of one's size (rounded to large_rounding) takes it back under the stream's
   // lock alone: no arena mutex, no search. Shelves go back to the arena before it grows,
