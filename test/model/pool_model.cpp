@@ -2642,10 +2642,13 @@ PoolOptions concurrent_options(std::uint64_t seed, const ConcurrentOptions& co,
   options.fence_every_free = random() % 3 == 0;
   options.cross_stream_wait = random() % 3 == 0;
   options.stats_granule = random() % 2 == 0 ? 0 : 64 * KiB;
-  const std::size_t slabs[] = {1 * MiB, 4 * KiB, 64 * KiB};
-  options.slab_bytes = slabs[random() % 3];
+  // The defaults among the choices (the byte decoder above keeps its own, which its reduced
+  // failures decode with).
+  const std::size_t slabs[] = {PoolOptions{}.slab_bytes, 1 * MiB, 4 * KiB, 64 * KiB};
+  options.slab_bytes = slabs[random() % 4];
   options.segment_bytes = random() % 2 == 0 ? 2 * MiB : 20 * MiB;
-  options.large_rounding = random() % 2 == 0 ? 4 * KiB : 128 * KiB;
+  const std::size_t roundings[] = {PoolOptions{}.large_rounding, 4 * KiB, 128 * KiB};
+  options.large_rounding = roundings[random() % 3];
   // A limit makes allocations climb the out-of-memory ladder while other threads trim.
   options.max_reserved_bytes = random() % 2 == 0 ? 24 * MiB : 0;
   if (std::find(co.without.begin(), co.without.end(), "limit") != co.without.end()) {
