@@ -641,7 +641,7 @@ Table stress_table(const StressResult& r) {
   row("failed allocations", fmt::format("{}", r.failed_allocations));
   // What the pool asked of the device per buffer, and the mean CPU time of each call.
   for (const StressResult::DeviceCalls& c : r.device_calls) {
-    row(fmt::format("{} per buffer (mean ns)", c.call),
+    row(fmt::format("{} calls per buffer (mean ns a call)", c.call),
         fmt::format("{:.3f} ({:.0f})", r.buffers ? double(c.calls) / double(r.buffers) : 0.0,
                     c.calls ? double(c.ns) / double(c.calls) : 0.0));
   }

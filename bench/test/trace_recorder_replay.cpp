@@ -216,7 +216,21 @@ TEST_CASE("a recorded run of 4 threads on 3 streams reads back and replays as th
   CHECK(report.allocations == allocations);
   CHECK(report.events == 2 * allocations);
   CHECK(report.failed_allocations == 0);
-  CHECK(report.peak_reserved >= report.peak_requested);
+  // The replay keeps each thread's order only (a free waits for its allocation), not the
+  // recorded run's barriers, so it may never reach the trace's peak: the pool then rightly holds
+  // less (seen with 256 KiB slabs, 52.4 MB reserved for a trace peak of 59.1 MB). What it always
+  // reaches is each thread's own peak, as every thread here frees only what it allocated: the
+  // live sum at that moment is at least that thread's live bytes, and every live byte is reserved.
+  CHECK(report.peak_requested == trace.peak_requested());
+  std::vector<std::int64_t> own_live(trace.threads.size(), 0);
+  std::int64_t own_peak = 0;
+  for (const TraceEvent& e : trace.events) {
+    const auto size = static_cast<std::int64_t>(e.size);
+    own_live[e.thread] += e.kind == TraceEvent::Kind::alloc ? size : -size;
+    own_peak = std::max(own_peak, own_live[e.thread]);
+  }
+  REQUIRE(own_peak > 0);
+  CHECK(report.peak_reserved >= static_cast<std::uint64_t>(own_peak));
   auto* fake = dynamic_cast<streampool::FakeDevice*>(target.device.get());
   REQUIRE(fake != nullptr);
   CHECK(fake->live_bytes() == 0);
