@@ -254,6 +254,7 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
 
     const PoolStats stats = pool.stats();
     report.waste_at_peak = std::uint64_t(std::max<std::int64_t>(0, waste_at_peak.load()));
+    report.replayed_peak_requested = std::uint64_t(std::max<std::int64_t>(0, peak.load()));
     report.peak_reserved = std::uint64_t(stats.reserved_bytes.peak);
     report.device_allocations = stats.device_allocations;
     report.fences = stats.fences_recorded;

@@ -47,6 +47,11 @@ struct ReplayReport {
   std::uint64_t allocations = 0;
   std::uint64_t peak_requested = 0;  // the trace's own peak (Trace::peak_requested), failed
                                      // allocations included
+  // The highest sum of live requested bytes the replay reached (failed allocations included;
+  // an allocation counted once made, a free uncounted before it is made). A trace of several
+  // threads replays each thread's events in its order, not the recorded order across threads, so
+  // this may be below peak_requested; with no failed allocation, peak_reserved is at least this.
+  std::uint64_t replayed_peak_requested = 0;
   std::uint64_t peak_reserved = 0;
   std::uint64_t waste_at_peak = 0;   // block bytes minus requested bytes, at the requested peak
   std::uint64_t device_allocations = 0;

@@ -26,6 +26,7 @@ nlohmann::json replay_json(const ReplayReport& r) {
           {"events", r.events},
           {"allocations", r.allocations},
           {"peak_requested_bytes", r.peak_requested},
+          {"replayed_peak_requested_bytes", r.replayed_peak_requested},
           {"peak_reserved_bytes", r.peak_reserved},
           {"ratio", r.ratio()},
           {"waste_at_peak_bytes", r.waste_at_peak},

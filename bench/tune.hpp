@@ -28,7 +28,7 @@ bool ranks_before(const TuneRow& a, const TuneRow& b);
 // grid, slab size and the shelf) varied on top of `base`, every other key kept, then expandable
 // segments and (wide grid) the mapping size each varied alone, one mapping per growth among them
 // when base sets a size; no configuration twice. The narrow grid has a few dozen, the wide one
-// about a thousand.
+// about two thousand.
 std::vector<PoolOptions> tune_grid(const PoolOptions& base = {}, bool wide = false);
 
 // Replays every trace under every configuration, `threads` replays at a time (no more threads

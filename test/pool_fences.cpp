@@ -342,6 +342,7 @@ TEST_CASE("with cross_stream_wait, a slab carved from a range taken by waiting i
   auto options = test_options();
   options.cross_stream_wait = true;
   options.fence_every_free = true;             // A's drop records the fence B waits on
+  options.slab_bytes = std::size_t{1} << 20;
   options.segment_bytes = std::size_t{1} << 20;  // one slab's range: no clean memory beside it
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();

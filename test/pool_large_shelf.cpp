@@ -108,6 +108,7 @@ TEST_CASE("large_shelf=0: every large drop goes to the arena") {
 TEST_CASE("shelved memory goes to another stream before the arena grows") {
   // One segment, filled by b's first slab and a's two 10 MiB buffers, both dropped onto a's shelf.
   auto options = shelf_options();
+  options.slab_bytes = 1 * MiB;
   options.segment_bytes = 21 * MiB;
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();

@@ -27,6 +27,8 @@ TEST_CASE("a replay frees every allocation and reports the trace's own peak") {
     const ReplayReport report = replay(trace, target, options);
     REQUIRE(report.failed_allocations == 0);
     REQUIRE(report.peak_requested == trace.peak_requested());
+    // One thread: the replay runs the trace's order, so it reaches the trace's peak exactly.
+    REQUIRE(report.replayed_peak_requested == report.peak_requested);
     REQUIRE(report.peak_reserved >= report.peak_requested);
     REQUIRE(report.events == trace.events.size());
     REQUIRE(report.cache_hits + report.cache_misses >= trace.allocations);

@@ -91,7 +91,7 @@ TEST_CASE("the bench honours STREAMPOOL_CONF like the library, --config on top",
 // `compare --config` measures the configuration it names and not the defaults.
 TEST_CASE("compare's streampool rows are the settings and one change each", "[settings][compare]") {
   const ScopedConf conf("max_reserved=1G");
-  const Settings s = user_settings("slab=256K,large_rounding=32K");
+  const Settings s = user_settings("slab=512K,large_rounding=64K");
   const std::vector<StreampoolVariant> rows = streampool_variants(s);
   REQUIRE(rows.size() == 4);
   const std::string base = s.options.to_conf();
@@ -105,13 +105,13 @@ TEST_CASE("compare's streampool rows are the settings and one change each", "[se
   CHECK(rows[1].options.to_conf() == base);
   CHECK(rows[2].options.to_conf() == no_shelf.to_conf());
   CHECK(rows[3].options.to_conf() == fixed.to_conf());
-  CHECK(rows[1].options.slab_bytes == std::size_t{256} << 10);
+  CHECK(rows[1].options.slab_bytes == std::size_t{512} << 10);  // not the default
   CHECK(rows[1].options.max_reserved_bytes == std::size_t{1} << 30);
   CHECK_FALSE(rows[1].options.read_environment);
-  CHECK(rows[0].name == "streampool (max_reserved=1G,slab=256K,large_rounding=32K, stream_checks=none)");
-  CHECK(rows[1].name == "streampool (max_reserved=1G,slab=256K,large_rounding=32K)");
+  CHECK(rows[0].name == "streampool (max_reserved=1G,slab=512K,large_rounding=64K, stream_checks=none)");
+  CHECK(rows[1].name == "streampool (max_reserved=1G,slab=512K,large_rounding=64K)");
   CHECK(rows[3].name ==
-        "streampool (max_reserved=1G,slab=256K,large_rounding=32K, expandable_segments=false)");
+        "streampool (max_reserved=1G,slab=512K,large_rounding=64K, expandable_segments=false)");
 
   const ScopedConf none_set(std::nullopt);
   const std::vector<StreampoolVariant> defaults = streampool_variants(user_settings(""));

@@ -217,11 +217,10 @@ TEST_CASE("a recorded run of 4 threads on 3 streams reads back and replays as th
   CHECK(report.events == 2 * allocations);
   CHECK(report.failed_allocations == 0);
   // The replay keeps each thread's order only (a free waits for its allocation), not the
-  // recorded run's barriers, so it may never reach the trace's peak: the pool then rightly holds
-  // less (seen with 256 KiB slabs, 52.4 MB reserved for a trace peak of 59.1 MB). What it always
-  // reaches is each thread's own peak, as every thread here frees only what it allocated: the
-  // live sum at that moment is at least that thread's live bytes, and every live byte is reserved.
-  CHECK(report.peak_requested == trace.peak_requested());
+  // recorded run's barriers, so it may never reach the trace's peak, and the pool then rightly
+  // holds less (seen with 256 KiB slabs: 52.4 MB reserved for a trace peak of 59.1 MB). It
+  // reaches at least each thread's own peak, as every thread here frees only what it allocated,
+  // and the pool holds at least what the replay reached.
   std::vector<std::int64_t> own_live(trace.threads.size(), 0);
   std::int64_t own_peak = 0;
   for (const TraceEvent& e : trace.events) {
@@ -229,8 +228,9 @@ TEST_CASE("a recorded run of 4 threads on 3 streams reads back and replays as th
     own_live[e.thread] += e.kind == TraceEvent::Kind::alloc ? size : -size;
     own_peak = std::max(own_peak, own_live[e.thread]);
   }
-  REQUIRE(own_peak > 0);
-  CHECK(report.peak_reserved >= static_cast<std::uint64_t>(own_peak));
+  CHECK(report.replayed_peak_requested >= static_cast<std::uint64_t>(own_peak));
+  CHECK(report.replayed_peak_requested <= report.peak_requested);
+  CHECK(report.peak_reserved >= report.replayed_peak_requested);
   auto* fake = dynamic_cast<streampool::FakeDevice*>(target.device.get());
   REQUIRE(fake != nullptr);
   CHECK(fake->live_bytes() == 0);
