@@ -295,7 +295,8 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     if (new_home) {
       if (!reserve(rounded, s, error)) {
         if (vm_ != Vm::on) return nullptr;  // no virtual memory after all: segments, as below
-        // Forbidden now (a capture), or the device refused: grow where s may without a home.
+        // Forbidden now (the gate allows no cudaMalloc-class call, so no new reservation), or
+        // the device refused: grow where s may without a home.
         error.clear();
         homeless = true;
       }
