@@ -127,6 +127,7 @@ struct Workload {
   bool release_before_renew = false;  // StreamChecks::none: the contract asks for release_stream
   std::uint64_t max_in_flight = 0;    // StressOptions::max_in_flight
   bool mark_drops = false;            // StressOptions::mark_drops
+  std::uint64_t host_work_ns = 0;     // StressOptions::host_work_ns
 
   static Workload make(const StressOptions& options, unsigned threads, const PoolOptions& pool) {
     Workload w;
@@ -139,6 +140,7 @@ struct Workload {
     w.release_before_renew = pool.stream_checks == StreamChecks::none;
     w.max_in_flight = options.max_in_flight;
     w.mark_drops = options.mark_drops;
+    w.host_work_ns = options.host_work_ns;
     return w;
   }
 
@@ -204,6 +206,12 @@ void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workloa
       buffer.reset();  // both kernels may still run
       if (timed) me.drop_ns.push_back(nanoseconds_since(started));
       if (workload.mark_drops) lane.mark_first();
+      if (workload.host_work_ns != 0) {
+        // Not timed: the application's own work. A busy loop, as CPU work is, not a sleep.
+        const auto until = Clock::now() + std::chrono::nanoseconds(workload.host_work_ns);
+        while (Clock::now() < until) {
+        }
+      }
       shared.count_drop(bytes);
       me.buffers.store(i + 1, std::memory_order_relaxed);
 
@@ -254,6 +262,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   result.churn = options.churn;
   result.max_in_flight = options.max_in_flight;
   result.mark_drops = options.mark_drops;
+  result.host_work_ns = options.host_work_ns;
   result.streams_alive = std::int64_t{2} * threads;
   result.stats_granule = pool_options.stats_granule;
   result.window_seconds = window_seconds(options.seconds);
@@ -442,6 +451,10 @@ void add_stress_options(CLI::App& app, StressOptions& o) {
   app.add_flag("--mark-drops", o.mark_drops,
                "after each drop the thread records an event of its own on the first stream (GPU "
                "only): the events fence_every_free adds to the GPU's queues, without its fences");
+  app.add_option("--host-work-ns", o.host_work_ns,
+                 "after each drop a thread busies itself for N ns without calling CUDA (untimed), "
+                 "as an application works between allocations (0: none; at most 1 s)")
+      ->check(whole_number(0, 1'000'000'000))->capture_default_str();
 }
 
 void check_stress_options(StressOptions& o) {
@@ -591,12 +604,15 @@ std::vector<StressResult> run_stress(const StressOptions& options, std::ostream&
 Table stress_table(const StressResult& r) {
   Table t;
   t.title = fmt::format(
-      "stress [{}]: {}, {} thread{}, {}{}{}, {:.1f} s", r.label, r.target, r.threads,
+      "stress [{}]: {}, {} thread{}, {}{}{}{}, {:.1f} s", r.label, r.target, r.threads,
       r.threads == 1 ? "" : "s",
       r.churn ? fmt::format("churn every {} buffers", r.churn) : std::string("no churn"),
       r.max_in_flight ? fmt::format(", at most {} checks in flight", r.max_in_flight)
                       : std::string(),
-      r.mark_drops ? ", an event recorded after every drop (on a GPU)" : "", r.seconds);
+      r.mark_drops ? ", an event recorded after every drop (on a GPU)" : "",
+      r.host_work_ns ? fmt::format(", {} ns of host work after every drop", r.host_work_ns)
+                     : std::string(),
+      r.seconds);
   t.note = "STREAMPOOL_CONF=" + r.config;
   t.header = {"figure", "value"};
   const auto row = [&t](std::string name, std::string value) {

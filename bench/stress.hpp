@@ -52,6 +52,10 @@ struct StressOptions {
   // After each drop the lane records an event of its own on the first stream (GPU only): the
   // events fence_every_free adds to the GPU's queues, without the fences (an experiment).
   bool mark_drops = false;
+  // After each drop a thread spends this many nanoseconds on work of its own (a busy loop that
+  // makes no CUDA call, untimed), as an application does between its allocations: on the H200 the
+  // rate of the GPU's work depends on how fast the threads submit it (bench/results/stress-h200.md).
+  std::uint64_t host_work_ns = 0;
   bool help = false;
 };
 
@@ -109,6 +113,7 @@ struct StressResult {
   std::uint64_t churn = 0;
   std::uint64_t max_in_flight = 0;  // StressOptions::max_in_flight
   bool mark_drops = false;          // StressOptions::mark_drops
+  std::uint64_t host_work_ns = 0;   // StressOptions::host_work_ns
   double seconds = 0;  // measured from start to stop
   std::uint64_t buffers = 0;
   PoolStats stats;  // at the end, all work complete, before the pool went

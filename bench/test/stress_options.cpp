@@ -28,13 +28,14 @@ TEST_CASE("stress options: defaults, every option, and --config repeated", "[str
     CHECK(o.max_growth == 0);
     CHECK(o.max_in_flight == 0);
     CHECK_FALSE(o.mark_drops);
+    CHECK(o.host_work_ns == 0);
     CHECK_FALSE(o.help);
   }
   SECTION("every option takes its value") {
     const StressOptions o =
         parse({"--seconds", "2.5", "--threads", "3", "--churn", "64", "--fake", "--out", "dir",
                "--interval", "0.5", "--seed", "7", "--max-growth", "1.5", "--max-in-flight", "16",
-               "--mark-drops"});
+               "--mark-drops", "--host-work-ns", "4000"});
     CHECK(o.seconds == 2.5);
     CHECK(o.threads == 3);
     CHECK(o.churn == 64);
@@ -45,6 +46,7 @@ TEST_CASE("stress options: defaults, every option, and --config repeated", "[str
     CHECK(o.max_growth == 1.5);
     CHECK(o.max_in_flight == 16);
     CHECK(o.mark_drops);
+    CHECK(o.host_work_ns == 4000);
   }
   SECTION("each --config adds a configuration, in order; \"\" stands for the defaults") {
     const StressOptions o = parse({"--config", "", "--config", "fence_every_free=true"});
@@ -83,6 +85,12 @@ TEST_CASE("stress refuses a bad command line, saying what is wrong", "[stress][o
     CHECK_THROWS_WITH(parse({"--churn", "-1"}), Contains("whole number"));
     CHECK_THROWS_WITH(parse({"--seed", "-1"}), Contains("not '-1'"));
     CHECK_THROWS_WITH(parse({"--seed", "x"}), Contains("whole number"));
+  }
+  SECTION("host work is a whole number of nanoseconds up to one second") {
+    CHECK_THROWS_WITH(parse({"--host-work-ns", "-5"}), Contains("--host-work-ns"));
+    CHECK_THROWS_WITH(parse({"--host-work-ns", "1.5"}), Contains("whole number"));
+    CHECK_THROWS_WITH(parse({"--host-work-ns", "1000000001"}), Contains("--host-work-ns"));
+    CHECK(parse({"--host-work-ns", "1000000000"}).host_work_ns == 1'000'000'000);
   }
   SECTION("a configuration the pool would refuse, named with the pool's reason") {
     CHECK_THROWS_WITH(parse({"--config", "no_such_key=1"}),

@@ -198,3 +198,25 @@ TEST_CASE("stress with mark_drops carries it into the result and names it in the
   CHECK(results.front().mark_drops);
   CHECK_THAT(stress_table(results.front()).title, Contains("an event recorded after every drop"));
 }
+
+TEST_CASE("stress with host work spends it after every drop, and says so in the title",
+          "[stress][run]") {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 0.5;
+  options.threads = 2;
+  options.interval = 1;
+  options.host_work_ns = 5'000'000;  // 5 ms: at most ~100 buffers a thread in 0.5 s
+  std::ostringstream log;
+  const std::vector<StressResult> results = run_stress(options, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 1);
+  const StressResult& r = results.front();
+  CHECK(stress_failures(r, 0).empty());
+  CHECK(r.host_work_ns == 5'000'000);
+  REQUIRE(r.buffers > 0);
+  // Each thread's buffers, but its last, were followed by 5 ms of work within the run.
+  const double most = options.threads * (r.seconds / 0.005 + 1);
+  CHECK(double(r.buffers) <= most);
+  CHECK_THAT(stress_table(r).title, Contains("5000000 ns of host work after every drop"));
+}
