@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace streampool::detail {
@@ -81,7 +83,12 @@ using UseSpan = std::span<const RecordedStream>;
 //            S, has need.timeline == &S.timeline (S may reuse it at once; others once covered) or
 //            no timeline (clean); a parked block's needs are in its Parked entry; a block in the
 //            depot, or a range nobody owns, is clean.
-struct Block {
+//
+// Each block has cache lines of its own (128 bytes, 64-aligned): the blocks of one slab lie side
+// by side in its vector but go to different streams, whose threads write them on their fast
+// paths (free, need, requested, the list links), and a line shared by two threads' blocks was
+// passed between their cores at every allocation and drop.
+struct alignas(64) Block {
   std::byte* ptr = nullptr;
   std::size_t size = 0;       // bytes of the block or range
   std::uint32_t size_class = 0;
@@ -109,6 +116,8 @@ struct Block {
   // gate (gate.hpp), never to the pool's lists.
   void* keeper = nullptr;
 };
+
+static_assert(sizeof(Block) % 64 == 0);
 
 // A doubly linked list of free blocks, newest at the head.
 struct BlockList {
@@ -149,5 +158,23 @@ struct BlockList {
     --count;
   }
 };
+
+static_assert(std::is_trivially_destructible_v<BlockList>);
+
+// One stream's lists, one per size class, on cache lines no other allocation shares: the lists
+// of another stream, allocated next to them, would otherwise share the first and the last line
+// with them, which two threads' fast paths then write.
+struct FreeListsDelete {
+  void operator()(BlockList* lists) const noexcept {
+    ::operator delete[](lists, std::align_val_t{64});
+  }
+};
+using FreeLists = std::unique_ptr<BlockList[], FreeListsDelete>;
+inline FreeLists make_free_lists(std::size_t classes) {
+  const std::size_t bytes = (classes * sizeof(BlockList) + 63) / 64 * 64;
+  auto* lists = static_cast<BlockList*>(::operator new[](bytes, std::align_val_t{64}));
+  for (std::size_t c = 0; c < classes; ++c) new (lists + c) BlockList{};
+  return FreeLists(lists);
+}
 
 }  // namespace streampool::detail

@@ -153,7 +153,7 @@ StreamState* StreamRegistry::fresh_state() {
     wait_for_recycling(*s);  // not yet: to the back of the queue
   }
   auto state = std::make_unique<StreamState>();
-  state->free = std::make_unique<BlockList[]>(classes_);
+  state->free = make_free_lists(classes_);
   state->timeline.stream = state.get();
   state->core = &pool_;
   state->next_state = first_.load(std::memory_order_relaxed);

@@ -75,7 +75,7 @@ struct alignas(64) StreamState {
   // Bumped (under the lock) when the state is retired and when it is recycled: a thread's cached
   // lookup, a live block's home and a record_stream entry are valid only at their generation.
   std::atomic<std::uint32_t> generation{0};
-  std::unique_ptr<BlockList[]> free;           // per size class [lock]
+  FreeLists free;                              // per size class [lock]
   std::atomic<std::size_t> free_blocks{0};     // written under the lock, read anywhere as a hint
   // Large ranges dropped here, newest first: a same-stream request takes one back without the
   // arena (PoolCore::take_shelved). [lock]
