@@ -206,13 +206,14 @@ void run_worker(Shared& shared, StressLane& lane, WorkerState& me, const Workloa
       buffer.reset();  // both kernels may still run
       if (timed) me.drop_ns.push_back(nanoseconds_since(started));
       if (workload.mark_drops) lane.mark_first();
+      shared.count_drop(bytes);
       if (workload.host_work_ns != 0) {
-        // Not timed: the application's own work. A busy loop, as CPU work is, not a sleep.
+        // The application's own work, after the buffer is gone: in none of the latencies, but in
+        // the run's seconds. A busy loop, as CPU work is, not a sleep.
         const auto until = Clock::now() + std::chrono::nanoseconds(workload.host_work_ns);
         while (Clock::now() < until) {
         }
       }
-      shared.count_drop(bytes);
       me.buffers.store(i + 1, std::memory_order_relaxed);
 
       if (workload.churn != 0 && (i + 1) % workload.churn == 0) {
@@ -452,8 +453,9 @@ void add_stress_options(CLI::App& app, StressOptions& o) {
                "after each drop the thread records an event of its own on the first stream (GPU "
                "only): the events fence_every_free adds to the GPU's queues, without its fences");
   app.add_option("--host-work-ns", o.host_work_ns,
-                 "after each drop a thread busies itself for N ns without calling CUDA (untimed), "
-                 "as an application works between allocations (0: none; at most 1 s)")
+                 "after each drop a thread busies itself for N ns without calling CUDA (in no "
+                 "latency, but in the run's time), as an application works between allocations "
+                 "(0: none; at most 1 s)")
       ->check(whole_number(0, 1'000'000'000))->capture_default_str();
 }
 

@@ -53,8 +53,9 @@ struct StressOptions {
   // events fence_every_free adds to the GPU's queues, without the fences (an experiment).
   bool mark_drops = false;
   // After each drop a thread spends this many nanoseconds on work of its own (a busy loop that
-  // makes no CUDA call, untimed), as an application does between its allocations: on the H200 the
-  // rate of the GPU's work depends on how fast the threads submit it (bench/results/stress-h200.md).
+  // makes no CUDA call; in none of the latencies, but in the run's time), as an application does
+  // between its allocations: on the H200 the rate of the GPU's work depends on how fast the
+  // threads submit it (bench/results/stress-h200.md).
   std::uint64_t host_work_ns = 0;
   bool help = false;
 };

@@ -117,7 +117,7 @@ struct alignas(64) Block {
   void* keeper = nullptr;
 };
 
-static_assert(sizeof(Block) % 64 == 0);
+static_assert(sizeof(Block) == 128 && alignof(Block) == 64);
 
 // A doubly linked list of free blocks, newest at the head.
 struct BlockList {
