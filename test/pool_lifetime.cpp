@@ -288,3 +288,34 @@ TEST_CASE("nothing the pool took from the device outlives it after a failed allo
   REQUIRE(fake->live_allocations() == 1);
   REQUIRE(fake->free(others) == cudaSuccess);
 }
+
+TEST_CASE("a pool destroyed while the device cannot synchronize unmaps nothing pending work uses") {
+  // cudaFree waits for the work that uses the memory; unmapping does not. So a pool whose final
+  // synchronize fails keeps its expandable segments mapped until a later safe point synchronizes
+  // (here: the next pool's construction), and frees its cudaMalloc segments at once.
+  for (bool expandable : {true, false}) {
+    CAPTURE(expandable);
+    auto options = test_options();
+    options.expandable_segments = expandable;
+    PoolOnFake pool(options);
+    FakeDevice& fake = pool.fake();
+    cudaStream_t a = fake.create_stream();
+    {
+      auto buffer = Bytes::alloc_async(*pool, 3 * MiB, a);
+      write_on(fake, a, buffer);  // still pending when the pool goes
+    }
+    REQUIRE(fake.calls(Call::vm_map) == (expandable ? 1u : 0u));
+    fake.fail_next(Call::device_synchronize);
+    pool.pool.reset();
+    REQUIRE(fake.hazards().empty());
+    if (expandable) {
+      REQUIRE(fake.live_bytes() > 0);  // waiting for a safe point that synchronizes
+      REQUIRE(fake.pending_work() > 0);
+      MemoryPool next(pool.device, options);  // a safe point: the dead pool is destroyed here
+    }
+    REQUIRE(fake.live_bytes() == 0);
+    REQUIRE(fake.live_allocations() == 0);
+    fake.complete_all();
+    REQUIRE(fake.hazards().empty());
+  }
+}

@@ -60,10 +60,15 @@ PoolCore::~PoolCore() {
 bool PoolCore::release_device_memory() noexcept {
   if (!synchronized_at_end_) {
     // Every buffer is gone. Pending work may still use cached memory: wait for it before
-    // freeing. (If the device cannot synchronize, freeing is still right: cudaFree waits.)
-    device_->device_synchronize();
+    // freeing. Where the device cannot synchronize, cudaMalloc's segments may still go (cudaFree
+    // waits for the work), but an expandable segment may not: unmapping waits for nothing, so it
+    // stays mapped until a synchronize succeeds, at a later safe point.
+    synchronized_at_end_ = device_->device_synchronize() == cudaSuccess;
+  }
+  if (!events_taken_) {
     // The fences' events and the idle ones: each destroyed below, and an event the device
-    // refuses to destroy kept to be tried again, as a segment is.
+    // refuses to destroy kept to be tried again, as a segment is. (CUDA releases a destroyed
+    // event's resources once it completes: no synchronize needed.)
     std::vector<cudaEvent_t> idle = events_.drain();
     try {
       for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
@@ -84,7 +89,7 @@ bool PoolCore::release_device_memory() noexcept {
       for (cudaEvent_t event : idle) device_->event_destroy(event);
       undestroyed_events_.clear();
     }
-    synchronized_at_end_ = true;
+    events_taken_ = true;
   }
   // Once more at once where the first attempt failed, then at the next safe point: nothing else
   // will ever destroy it (for events and segments alike).
@@ -94,7 +99,11 @@ bool PoolCore::release_device_memory() noexcept {
   });
   bool all = undestroyed_events_.empty();
   for (const auto& segment : large_.segments()) {
-    if (!large_.return_segment(*segment)) all = false;  // kept for a later attempt
+    if (segment->expandable && !synchronized_at_end_) {
+      all = all && segment->base == nullptr;  // mapped until a synchronize succeeds
+    } else if (!large_.return_segment(*segment)) {
+      all = false;  // kept for a later attempt
+    }
   }
   return all;
 }

@@ -399,7 +399,9 @@ class PoolCore {
   StreamCounters ranges_;      // ranges held by layers above [keepers_mutex_]
   bool orphaned_ = false;      // [keepers_mutex_]
   std::atomic<std::int64_t> orphan_remaining_{0};
-  bool synchronized_at_end_ = false;  // release_device_memory ran its first part [destroy()]
+  // release_device_memory's device synchronize succeeded / its events were taken. [destroy()]
+  bool synchronized_at_end_ = false;
+  bool events_taken_ = false;
   std::vector<cudaEvent_t> undestroyed_events_;  // events it has yet to destroy [destroy()]
 
   friend class StreamRegistry;
