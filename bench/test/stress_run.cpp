@@ -14,6 +14,18 @@
 using namespace streampool::bench;
 using Catch::Matchers::Contains;
 
+namespace {
+// A run of one configuration on the fake device, one progress line a second.
+StressOptions fake_run(double seconds, unsigned threads) {
+  StressOptions options;
+  options.fake = true;
+  options.seconds = seconds;
+  options.threads = threads;
+  options.interval = 1;
+  return options;
+}
+}  // namespace
+
 TEST_CASE("a short stress run on the fake device passes its checks with sane figures",
           "[stress][run]") {
   StressOptions options;
@@ -78,11 +90,7 @@ TEST_CASE("a short stress run on the fake device passes its checks with sane fig
 
 TEST_CASE("with churn, the fake run renews streams and still sees no race or corruption",
           "[stress][run]") {
-  StressOptions options;
-  options.fake = true;
-  options.seconds = 1;
-  options.threads = 2;
-  options.interval = 1;
+  StressOptions options = fake_run(1, 2);
   options.churn = 16;
   std::ostringstream log;
   const std::vector<StressResult> results = run_stress(options, log);
@@ -162,11 +170,7 @@ TEST_CASE("the fake kernels name the whole block, so a hand-over without a fence
 
 TEST_CASE("a bound on checks in flight keeps each thread within that many of its device",
           "[stress][run]") {
-  StressOptions options;
-  options.fake = true;
-  options.seconds = 1;
-  options.threads = 2;
-  options.interval = 1;
+  StressOptions options = fake_run(1, 2);
   options.max_in_flight = 1;
   std::ostringstream log;
   const std::vector<StressResult> results = run_stress(options, log);
@@ -184,11 +188,7 @@ TEST_CASE("a bound on checks in flight keeps each thread within that many of its
 }
 
 TEST_CASE("stress with mark_drops carries it into the result and names it in the title", "[stress][run]") {
-  StressOptions options;
-  options.fake = true;
-  options.seconds = 0.5;
-  options.threads = 1;
-  options.interval = 1;
+  StressOptions options = fake_run(0.5, 1);
   options.mark_drops = true;
   std::ostringstream log;
   const std::vector<StressResult> results = run_stress(options, log);
@@ -201,11 +201,7 @@ TEST_CASE("stress with mark_drops carries it into the result and names it in the
 
 TEST_CASE("stress with host work spends it after every drop, and says so in the title",
           "[stress][run]") {
-  StressOptions options;
-  options.fake = true;
-  options.seconds = 0.5;
-  options.threads = 2;
-  options.interval = 1;
+  StressOptions options = fake_run(0.5, 2);
   options.host_work_ns = 5'000'000;  // 5 ms: at most ~100 buffers a thread in 0.5 s
   std::ostringstream log;
   const std::vector<StressResult> results = run_stress(options, log);
