@@ -226,6 +226,42 @@ TEST_CASE("a stream's own free range before the hole is extended for that stream
   CHECK(fake.hazards().empty());
 }
 
+TEST_CASE("best fit takes the free range before a hole last: a request that fits elsewhere "
+          "leaves it for a later growth to extend") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto low = Bytes::alloc_async(*pool, 8 * MiB, a);
+  auto middle = Bytes::alloc_async(*pool, 4 * MiB, a);
+  auto top = Bytes::alloc_async(*pool, 6 * MiB, a);
+  std::byte* const low_at = low.data();
+  std::byte* const top_at = top.data();
+  REQUIRE(top_at == low_at + 12 * MiB);
+  low.reset();
+  top.reset();  // a's own: [0, 8 MiB) and [12, 18 MiB), the hole right after the second
+  REQUIRE(reserved(*pool) == static_cast<std::int64_t>(18 * MiB));
+  const auto creates = fake.calls(Call::vm_create);
+
+  SECTION("a request both ranges hold takes the one lower down, though it fits less tightly") {
+    auto six = Bytes::alloc_async(*pool, 6 * MiB, a);
+    CHECK(six.data() == low_at);
+    // The range before the hole is still whole: 10 MiB extends it by 4, where the tighter fit
+    // would have left it taken and mapped 10 at the hole.
+    auto ten = Bytes::alloc_async(*pool, 10 * MiB, a);
+    CHECK(ten.data() == top_at);
+    CHECK(fake.calls(Call::vm_create) == creates + 1);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(22 * MiB));
+  }
+  SECTION("a request that fits only the range before the hole takes it, and nothing grows") {
+    auto four = Bytes::alloc_async(*pool, 4 * MiB, a);
+    CHECK(four.data() == low_at);  // lower down, as above
+    auto five = Bytes::alloc_async(*pool, 5 * MiB, a);  // 4 MiB are left lower down
+    CHECK(five.data() == top_at);
+    CHECK(fake.calls(Call::vm_create) == creates);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(18 * MiB));
+  }
+}
+
 TEST_CASE("without virtual memory, or with expandable_segments=false, segments are cudaMalloc's") {
   SECTION("a device without virtual memory management") {
     FakeDevice::Options no_vm;

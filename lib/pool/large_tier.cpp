@@ -12,6 +12,8 @@ constexpr int waitable_scan = 64;  // cross_stream_wait: other streams' ranges e
 // Clean ranges in other streams' homes that best_fit steps over before it gives up and lets the
 // request grow in its own.
 constexpr int foreign_scan = 64;
+// Ranges of one index that best_fit looks at past a range before a hole for one lying elsewhere.
+constexpr int growable_scan = 8;
 // Large requests over which LargeTier counts the growths that moved memory between homes.
 constexpr std::uint64_t move_window = 1024;
 // Large requests (those that miss their stream's shelf) since a home's stream made its last,
@@ -182,32 +184,62 @@ const Segment* LargeTier::claim_home(StreamState& s) noexcept {
   return nullptr;
 }
 
+namespace {
+// One index's best fit, looked for as best_fit says: the tightest range that lies before no hole
+// and, once a range before a hole has been met, in that range's segment; and the tightest range
+// before a hole.
+struct Fit {
+  Block* range = nullptr;
+  Block* growable = nullptr;
+  int seen = 0;
+
+  // The next range in size order; true when the search is over.
+  bool consider(Block* r) noexcept {
+    if (r->after != nullptr && r->after->hole) {
+      if (growable == nullptr) growable = r;
+    } else if (growable == nullptr || r->segment == growable->segment) {
+      range = r;
+      return true;
+    }
+    return ++seen == growable_scan;
+  }
+};
+
+// The tighter fit; on a tie `mine`.
+Block* tighter(Block* mine, Block* other) noexcept {
+  return mine != nullptr && (other == nullptr || mine->size <= other->size) ? mine : other;
+}
+}  // namespace
+
 Block* LargeTier::best_fit(StreamState* s, std::size_t bytes, bool anywhere) noexcept {
   Block probe;
   probe.size = bytes;
-  Block* own = nullptr;
+  Fit own;
   if (s != nullptr) {
     probe.need.timeline = &s->timeline;
-    const auto it = owned_.lower_bound(&probe);
-    if (it != owned_.end() && (*it)->need.timeline == &s->timeline) own = *it;
+    for (auto it = owned_.lower_bound(&probe);
+         it != owned_.end() && (*it)->need.timeline == &s->timeline && !own.consider(*it); ++it) {
+    }
   }
-  auto it = clean_.lower_bound(&probe);
   // A stream with a home takes no clean range from another's: its own memory grows instead, and
   // the other stream's stays where it frees it for itself (docs/design.md, "A reservation per
   // stream for large growths").
-  if (!anywhere && home_of(s) != nullptr) {
-    for (int stepped = 0; it != clean_.end() && kept_for_other(*(*it)->segment, s); ++it) {
-      if (++stepped == foreign_scan) {
-        it = clean_.end();
-        break;
-      }
+  const bool homed = !anywhere && home_of(s) != nullptr;
+  Fit clean;
+  int stepped = 0;
+  for (auto it = clean_.lower_bound(&probe); it != clean_.end(); ++it) {
+    if (homed && kept_for_other(*(*it)->segment, s)) {
+      if (++stepped == foreign_scan) break;
+      continue;
     }
+    if (clean.consider(*it)) break;
   }
-  Block* clean = it != clean_.end() ? *it : nullptr;
   // The tighter fit; on a tie s's own, which needs no fence for anyone and leaves the clean one
-  // to every stream.
-  if (own != nullptr && (clean == nullptr || own->size <= clean->size)) return own;
-  return clean;
+  // to every stream. A range before a hole only where no other fits: a growth extends it in
+  // place, so a request that fits elsewhere would spend what the next larger one could grow from
+  // (docs/design.md, "Expandable segments", the range before a hole last).
+  if (Block* fit = tighter(own.range, clean.range)) return fit;
+  return tighter(own.growable, clean.growable);
 }
 
 void LargeTier::sweep() noexcept {

@@ -170,7 +170,10 @@ class LargeTier {
   void set_home(Segment& segment, StreamState& s) noexcept;
   // Counts a large request of s on the clocks above.
   void note_request(StreamState& s) noexcept;
-  // `anywhere`: also clean ranges in another stream's home (see home_of).
+  // The tightest of s's own ranges and the clean ones that holds `rounded`, a range just before
+  // a hole last (a growth extends it in place): taken only where no other range of its segment
+  // holds the request among the next few (large_tier.cpp, growable_scan). `anywhere`: also clean
+  // ranges in another stream's home (see home_of).
   Block* best_fit(StreamState* s, std::size_t rounded, bool anywhere = false) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
   // The tightest fit among other streams' own ranges that is tighter than best_fit(s) and
