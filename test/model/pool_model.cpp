@@ -1075,6 +1075,8 @@ void Model::op_record_stream() {
   const bool record_first = src_.one_in(2);
   const cudaStream_t h = handle(other);
   const int thread = thread_of(slots_[static_cast<std::size_t>(other)]);
+  // Recorded there before: a record that fails now leaves that one standing.
+  const bool known = std::find(b.uses.begin(), b.uses.end(), other) != b.uses.end();
   bool recorded = true;
   const auto record = [&] {
     try {
@@ -1092,10 +1094,11 @@ void Model::op_record_stream() {
   if (!record_first) record();
   // Not recorded (a fault): the pool cannot know of the other stream's work, so the buffer's own
   // stream waits for it, its drop there then follows that work, and the other stream uses the
-  // buffer no more.
+  // buffer no more, unless an earlier record named it (the pool still counts that use, and the
+  // stream may not be destroyed before the drop).
   if (!recorded) {
     order_after(b.slot, other);
-    std::erase(b.uses, other);
+    if (!known) std::erase(b.uses, other);
   }
   note(fmt::format("record_stream b{} on {}, used there{}", b.id, name(other),
                    recorded ? "" : " (not recorded: its stream waits for it)"));
