@@ -262,6 +262,35 @@ TEST_CASE("best fit takes the free range before a hole last: a request that fits
   }
 }
 
+TEST_CASE("a stream's own range before the hole of its home is taken before a looser clean range "
+          "in another reservation") {
+  PoolOnFake pool(vm_options());  // stream homes on: a and b grow in reservations of their own
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto keep = Bytes::alloc_async(*pool, 6 * MiB, a);
+  auto top = Bytes::alloc_async(*pool, 6 * MiB, a);
+  std::byte* const top_at = top.data();
+  auto wide = Bytes::alloc_async(*pool, 70 * MiB, b);  // one mapping in b's home
+  auto after = Bytes::alloc_async(*pool, 2 * MiB, b);  // between it and the hole
+  std::byte* const wide_at = wide.data();
+  REQUIRE(after.data() == wide_at + 70 * MiB);
+  REQUIRE(pool->breakdown().segments == 2);
+  wide.reset();
+  auto low = Bytes::alloc_async(*pool, 6 * MiB, b);  // cut from it: 64 MiB stay free above
+  REQUIRE(low.data() == wide_at);
+  pool->release_stream(b);  // its home is open to all
+  pool->trim(0);            // the 64 MiB are clean now, and mapped (their mapping is in use)
+  REQUIRE(reserved(*pool) == static_cast<std::int64_t>(84 * MiB));
+  top.reset();  // a's own, pending: the range before the hole of a's home
+
+  // The clean 64 MiB lie in another reservation: the rule that keeps a range before a hole for
+  // last looks only within its segment, so a takes its own range.
+  auto five = Bytes::alloc_async(*pool, 5 * MiB, a);
+  CHECK(five.data() == top_at);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(84 * MiB));
+}
+
 TEST_CASE("without virtual memory, or with expandable_segments=false, segments are cudaMalloc's") {
   SECTION("a device without virtual memory management") {
     FakeDevice::Options no_vm;

@@ -12,7 +12,8 @@ constexpr int waitable_scan = 64;  // cross_stream_wait: other streams' ranges e
 // Clean ranges in other streams' homes that best_fit steps over before it gives up and lets the
 // request grow in its own.
 constexpr int foreign_scan = 64;
-// Ranges of one index that best_fit looks at past a range before a hole for one lying elsewhere.
+// Ranges best_fit looks at past a range before a hole for another of its segment (the clean
+// ranges it steps over in other streams' homes not counted).
 constexpr int growable_scan = 8;
 // Large requests over which LargeTier counts the growths that moved memory between homes.
 constexpr std::uint64_t move_window = 1024;
@@ -185,61 +186,75 @@ const Segment* LargeTier::claim_home(StreamState& s) noexcept {
 }
 
 namespace {
-// One index's best fit, looked for as best_fit says: the tightest range that lies before no hole
-// and, once a range before a hole has been met, in that range's segment; and the tightest range
-// before a hole.
+// best_fit's choice, fed the candidates in size order: the first range that lies before no hole,
+// unless a range before a hole came first; then the first after it in that range's segment, among
+// the next growable_scan; else that range before a hole.
 struct Fit {
   Block* range = nullptr;
-  Block* growable = nullptr;
-  int seen = 0;
+  Block* growable = nullptr;  // the first range met that lies just before a hole
+  int seen = 0;               // ranges met after it
 
-  // The next range in size order; true when the search is over.
+  // The next candidate; true when the choice is made.
   bool consider(Block* r) noexcept {
-    if (r->after != nullptr && r->after->hole) {
-      if (growable == nullptr) growable = r;
-    } else if (growable == nullptr || r->segment == growable->segment) {
+    const bool before_hole = r->after != nullptr && r->after->hole;
+    if (growable == nullptr) {
+      if (before_hole) {
+        growable = r;
+        return false;
+      }
+      range = r;
+      return true;
+    }
+    if (!before_hole && r->segment == growable->segment) {
       range = r;
       return true;
     }
     return ++seen == growable_scan;
   }
+  Block* chosen() const noexcept { return range != nullptr ? range : growable; }
 };
-
-// The tighter fit; on a tie `mine`.
-Block* tighter(Block* mine, Block* other) noexcept {
-  return mine != nullptr && (other == nullptr || mine->size <= other->size) ? mine : other;
-}
 }  // namespace
 
 Block* LargeTier::best_fit(StreamState* s, std::size_t bytes, bool anywhere) noexcept {
   Block probe;
   probe.size = bytes;
-  Fit own;
+  auto own = owned_.end();
   if (s != nullptr) {
     probe.need.timeline = &s->timeline;
-    for (auto it = owned_.lower_bound(&probe);
-         it != owned_.end() && (*it)->need.timeline == &s->timeline && !own.consider(*it); ++it) {
-    }
+    own = owned_.lower_bound(&probe);
   }
+  auto clean = clean_.lower_bound(&probe);  // by size alone
   // A stream with a home takes no clean range from another's: its own memory grows instead, and
   // the other stream's stays where it frees it for itself (docs/design.md, "A reservation per
   // stream for large growths").
   const bool homed = !anywhere && home_of(s) != nullptr;
-  Fit clean;
   int stepped = 0;
-  for (auto it = clean_.lower_bound(&probe); it != clean_.end(); ++it) {
-    if (homed && kept_for_other(*(*it)->segment, s)) {
-      if (++stepped == foreign_scan) break;
-      continue;
+  const auto next_clean = [&]() -> Block* {
+    for (; clean != clean_.end(); ++clean) {
+      if (!homed || !kept_for_other(*(*clean)->segment, s)) return *clean;
+      if (++stepped == foreign_scan) {
+        clean = clean_.end();
+        break;
+      }
     }
-    if (clean.consider(*it)) break;
-  }
-  // The tighter fit; on a tie s's own, which needs no fence for anyone and leaves the clean one
-  // to every stream. A range before a hole only where no other fits: a growth extends it in
+    return nullptr;
+  };
+  // s's own ranges and the clean ones in one walk by size, s's own first on a tie (it needs no
+  // fence for anyone and leaves the clean one to every stream). A range before a hole is taken
+  // only where no other range of its segment holds the request (Fit): a growth extends it in
   // place, so a request that fits elsewhere would spend what the next larger one could grow from
-  // (docs/design.md, "Expandable segments", the range before a hole last).
-  if (Block* fit = tighter(own.range, clean.range)) return fit;
-  return tighter(own.growable, clean.growable);
+  // (docs/design.md, "The range before a hole last").
+  Fit fit;
+  for (;;) {
+    Block* mine = own != owned_.end() && (*own)->need.timeline == &s->timeline ? *own : nullptr;
+    Block* other = next_clean();
+    if (mine == nullptr && other == nullptr) break;
+    const bool take_mine = mine != nullptr && (other == nullptr || mine->size <= other->size);
+    if (take_mine) ++own;
+    else ++clean;
+    if (fit.consider(take_mine ? mine : other)) break;
+  }
+  return fit.chosen();
 }
 
 void LargeTier::sweep() noexcept {

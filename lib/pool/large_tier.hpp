@@ -7,9 +7,10 @@
 // both are owned by the same stream (the merged range keeps the later need), or when a clean one
 // is no larger than its owned neighbour; a larger clean range stays apart, usable by every stream.
 //
-// Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tighter of
-// its stream's best own fit and the best clean fit, each one lookup (a first look also walks the
-// owned index by owner for another stream's tight fit: find_tight); owned ranges whose fences
+// Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tightest
+// of its stream's own ranges and the clean ones, walked together by size, a range just before a
+// hole last (best_fit; a first look also walks the owned index by owner for another stream's
+// tight fit: find_tight); owned ranges whose fences
 // completed move to the clean index when they are next looked at, or when a request finds
 // nothing (a sweep of the owned index, before growing).
 //
@@ -172,12 +173,13 @@ class LargeTier {
   void note_request(StreamState& s) noexcept;
   // The tightest of s's own ranges and the clean ones that holds `rounded`, a range just before
   // a hole last (a growth extends it in place): taken only where no other range of its segment
-  // holds the request among the next few (large_tier.cpp, growable_scan). `anywhere`: also clean
-  // ranges in another stream's home (see home_of).
+  // holds the request among the next few in size order (large_tier.cpp, growable_scan).
+  // `anywhere`: also clean ranges in another stream's home (see home_of).
   Block* best_fit(StreamState* s, std::size_t rounded, bool anywhere = false) noexcept;
   Block* waitable(StreamState& s, std::size_t rounded) noexcept;  // cross_stream_wait
-  // The tightest fit among other streams' own ranges that is tighter than best_fit(s) and
-  // within 1/8 of `rounded`, fenced but not known covered (null when best_fit(s) fits exactly);
+  // The tightest fit among other streams' own ranges that is tighter than best_fit(s)'s choice
+  // (not always the tightest of s's: best_fit takes a range before a hole last) and within 1/8
+  // of `rounded`, fenced but not known covered (null when best_fit(s) fits exactly);
   // those met that are covered move to the clean index on the way.
   Block* tighter_owned(StreamState& s, std::size_t rounded) noexcept;
   Block* extend_own(StreamState& s, std::size_t rounded, Need* had) noexcept;  // cut, or null
