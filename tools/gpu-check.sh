@@ -9,6 +9,7 @@
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
 #                                     streampool, tools/torch_check.py; TORCH_STEPS: training
 #                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50)
+#                                     Exits 1 when a stage failed (each stage's rc is in the log).
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
 # carry .devdeps.
@@ -27,6 +28,7 @@ export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 
 summary=()
+failed=0  # the script's exit status: 1 when a stage failed
 stage() {  # stage NAME command...: runs it, logs everything, keeps one summary line
   local name=$1
   shift
@@ -36,6 +38,7 @@ stage() {  # stage NAME command...: runs it, logs everything, keeps one summary 
   local rc=$?
   summary+=("$(printf '%-12s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - start)))")
   echo "=== $name: rc=$rc" >>"$log"
+  ((rc == 0)) || failed=1
   return $rc
 }
 
@@ -163,3 +166,5 @@ fi
 
 printf '%s\n' "${summary[@]}" | tee -a "$log"
 grep -E "^probe:|^nvtx:|^[a-zA-Z].* +[0-9]+\.[0-9]$" "$log" | tail -120
+# The status of the stages, not of the grep above (which finds nothing when no stage prints).
+exit "$failed"
