@@ -10,9 +10,9 @@
 // Two indexes: clean ranges by size, owned ones by owner and size. A request takes the tightest
 // of its stream's own ranges and the clean ones, walked together by size, a range just before a
 // hole last (best_fit; a first look also walks the owned index by owner for another stream's
-// tight fit: find_tight); owned ranges whose fences
-// completed move to the clean index when they are next looked at, or when a request finds
-// nothing (a sweep of the owned index, before growing).
+// tight fit: find_tight); owned ranges whose fences completed move to the clean index when they
+// are next looked at, or when a request finds nothing (a sweep of the owned index, before
+// growing).
 //
 // Expandable segments (PoolOptions::expandable_segments, where the device has virtual memory
 // management; expandable.cpp): a segment is then a reservation of addresses backed in part by
