@@ -291,6 +291,28 @@ TEST_CASE("a stream's own range before the hole of its home is taken before a lo
   CHECK(reserved(*pool) == static_cast<std::int64_t>(84 * MiB));
 }
 
+TEST_CASE("trim gives back every reservation with nothing mapped, also one it meets after the "
+          "reserved bytes are down to what it keeps") {
+  PoolOnFake pool(vm_options());  // stream homes: a reservation for each stream
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  Bytes::alloc_async(*pool, 2 * MiB, a).reset();
+  Bytes::alloc_async(*pool, 2 * MiB, b).reset();
+  REQUIRE(fake.live_reservations() == 2);
+  // c's growth first gives back what b holds free (b's drop recorded a fence, complete now; a's,
+  // the pool's only stream then, recorded none): b's reservation stays, with nothing mapped.
+  Bytes::alloc_async(*pool, 4 * MiB, c).reset();
+  REQUIRE(fake.live_reservations() == 3);
+  REQUIRE(reserved(*pool) == static_cast<std::int64_t>(6 * MiB));
+
+  pool->trim(0);
+  CHECK(reserved(*pool) == 0);
+  CHECK(pool->breakdown().segments == 0);
+  CHECK(fake.live_reservations() == 0);
+}
+
 TEST_CASE("without virtual memory, or with expandable_segments=false, segments are cudaMalloc's") {
   SECTION("a device without virtual memory management") {
     FakeDevice::Options no_vm;

@@ -621,11 +621,13 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
   Device& device = pool_.device();
   std::size_t released = release_unreleased();
   for (std::size_t i = 0; i < segments_.size();) {
-    if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
+    // Down to what is kept: no more memory goes back, but reservations with nothing mapped
+    // (give-back emptied some) still do, as they hold no reserved bytes.
+    const bool enough = static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep;
     Segment& segment = *segments_[i];
     Block* range = segment.first;
     if (segment.expandable) {
-      released += unmap_free(segment, bytes_to_keep);
+      if (!enough) released += unmap_free(segment, bytes_to_keep);
       // Nothing mapped: the addresses go back too.
       if (segment.mapped == 0 && calls_allowed(Restricted::free) &&
           device.vm_unreserve(segment.base, segment.size) == cudaSuccess) {
@@ -635,6 +637,10 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
       } else {
         ++i;
       }
+      continue;
+    }
+    if (enough) {
+      ++i;
       continue;
     }
     const bool whole = range->free && !range->is_slab && range->size == segment.size &&
