@@ -17,6 +17,7 @@
 #include <barrier>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <variant>
@@ -217,19 +218,22 @@ TEST_CASE("a recorded run of 4 threads on 3 streams reads back and replays as th
   CHECK(report.events == 2 * allocations);
   CHECK(report.failed_allocations == 0);
   // The replay keeps each thread's order only (a free waits for its allocation), not the
-  // recorded run's barriers, so it may never reach the trace's peak, and the pool then rightly
-  // holds less (seen with 256 KiB slabs: 52.4 MB reserved for a trace peak of 59.1 MB). It
-  // reaches at least each thread's own peak, as every thread here frees only what it allocated,
-  // and the pool holds at least what the replay reached.
+  // recorded run's barriers, so its peak of live bytes may differ from the trace's either way
+  // (below it with 256 KiB slabs: 52.4 MB reserved for a trace peak of 59.1 MB; above it in a CI
+  // run: 59.75 MB replayed for 59.11). As every thread here frees only what it allocated, it lies
+  // between the largest of the threads' own peaks and their sum, and the pool holds at least
+  // what the replay reached.
   std::vector<std::int64_t> own_live(trace.threads.size(), 0);
-  std::int64_t own_peak = 0;
+  std::vector<std::int64_t> own_peak(trace.threads.size(), 0);
   for (const TraceEvent& e : trace.events) {
     const auto size = static_cast<std::int64_t>(e.size);
     own_live[e.thread] += e.kind == TraceEvent::Kind::alloc ? size : -size;
-    own_peak = std::max(own_peak, own_live[e.thread]);
+    own_peak[e.thread] = std::max(own_peak[e.thread], own_live[e.thread]);
   }
-  CHECK(report.replayed_peak_requested >= static_cast<std::uint64_t>(own_peak));
-  CHECK(report.replayed_peak_requested <= report.peak_requested);
+  const auto largest = *std::max_element(own_peak.begin(), own_peak.end());
+  const auto sum = std::accumulate(own_peak.begin(), own_peak.end(), std::int64_t{0});
+  CHECK(report.replayed_peak_requested >= static_cast<std::uint64_t>(largest));
+  CHECK(report.replayed_peak_requested <= static_cast<std::uint64_t>(sum));
   CHECK(report.peak_reserved >= report.replayed_peak_requested);
   auto* fake = dynamic_cast<streampool::FakeDevice*>(target.device.get());
   REQUIRE(fake != nullptr);
