@@ -2,7 +2,7 @@
 #pragma once
 
 #include "block.hpp"
-#include "spin_lock.hpp"
+#include "biased_lock.hpp"
 
 #include <streampool/device.hpp>
 
@@ -70,7 +70,7 @@ enum Attention : std::uint32_t {
 //   - a retired state has empty lists and shelf and gets no new blocks; it is recycled only when
 //     timeline.completed > last_index, live == 0, pins == 0 and recorded_by == 0.
 struct alignas(64) StreamState {
-  SpinLock lock;
+  BiasedLock lock;  // biased to the thread that uses the stream (biased_lock.hpp)
   std::atomic<std::uint32_t> attention{0};
   // Bumped (under the lock) when the state is retired and when it is recycled: a thread's cached
   // lookup, a live block's home and a record_stream entry are valid only at their generation.

@@ -1,0 +1,171 @@
+// BiasedLock's slow path, the threads' records and the asymmetric barrier (biased_lock.hpp).
+#include "biased_lock.hpp"
+
+#include "checks.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace streampool::detail {
+
+namespace biased_lock {
+constinit thread_local Owner* this_thread = nullptr;
+}  // namespace biased_lock
+
+namespace {
+
+using biased_lock::this_thread;
+
+// Past this many acquisitions in a row, a lock that was revoked is biased again: a stream whose
+// threads take turns pays at most one barrier per this many acquisitions.
+constexpr std::uint32_t last_threshold = 1u << 20;
+
+#if defined(__linux__)
+
+long membarrier(int command) noexcept {
+  return syscall(__NR_membarrier, command, 0U, 0);
+}
+
+// Registered once per process: the expedited private barrier must be registered before use.
+bool register_barrier() noexcept {
+  const long commands = membarrier(MEMBARRIER_CMD_QUERY);
+  if (commands < 0 || (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+  return membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+}
+
+// Records of exited threads, for the next thread (never freed: a lock may still name one).
+struct Owners {
+  std::mutex mutex;
+  BiasedLock::Owner* free = nullptr;
+  pthread_key_t key{};
+  bool keyed = false;
+};
+
+
+void give_back(void* record) noexcept;
+
+Owners& owners() noexcept {
+  // Never destroyed: threads may exit after static destruction.
+  static Owners* const all = [] {
+    auto* o = new Owners;
+    o->keyed = pthread_key_create(&o->key, give_back) == 0;
+    return o;
+  }();
+  return *all;
+}
+
+// At the thread's exit (after its C++ thread-locals are destroyed): its record goes to the next
+// thread. A drop later in the exit (another key's destructor) takes a fresh record.
+void give_back(void* record) noexcept {
+  auto* owner = static_cast<BiasedLock::Owner*>(record);
+  STREAMPOOL_ASSERT(owner->inside.load(std::memory_order_relaxed) == nullptr);
+  Owners& o = owners();
+  std::lock_guard<std::mutex> guard(o.mutex);
+  owner->next_free = o.free;
+  o.free = owner;
+  if (this_thread == owner) this_thread = nullptr;
+}
+
+BiasedLock::Owner* new_owner() noexcept {
+  Owners& o = owners();
+  BiasedLock::Owner* owner = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(o.mutex);
+    if (o.free != nullptr) {
+      owner = o.free;
+      o.free = owner->next_free;
+      owner->next_free = nullptr;
+    }
+  }
+  if (owner == nullptr) {
+    owner = new (std::nothrow) BiasedLock::Owner;
+    if (owner == nullptr) return nullptr;
+  }
+  if (!o.keyed || pthread_setspecific(o.key, owner) != 0) {
+    // No way to hear of the thread's exit: the record is this thread's for the process's life.
+  }
+  this_thread = owner;
+  return owner;
+}
+
+void heavy_barrier() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const long done = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+  STREAMPOOL_ASSERT(done == 0);
+  (void)done;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+#endif
+
+}  // namespace
+
+bool BiasedLock::biasing_available() noexcept {
+#if defined(__linux__)
+  static const bool available = register_barrier();
+  return available;
+#else
+  return false;
+#endif
+}
+
+BiasedLock::Owner* BiasedLock::this_thread_owner() noexcept {
+#if defined(__linux__)
+  if (Owner* const owner = this_thread; owner != nullptr) return owner;
+  return new_owner();
+#else
+  return nullptr;
+#endif
+}
+
+void BiasedLock::lock_slow() noexcept {
+  inner_.lock();
+#if defined(__linux__)
+  if (!biasing_available()) return;
+  Owner* const me = this_thread_owner();
+  Owner* const bias = bias_.load(std::memory_order_relaxed);
+  if (bias == me && me != nullptr) {
+    // This thread is inside another lock through its bias (it enters one at a time that way):
+    // it holds this one through the inner lock, which every other thread needs to revoke.
+    return;
+  }
+  if (bias != nullptr) {
+    // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
+    revoking_.store(true, std::memory_order_relaxed);
+    heavy_barrier();
+    for (unsigned spins = 0; bias->inside.load(std::memory_order_acquire) == this; ++spins) {
+      if (spins < 64) {
+        STREAMPOOL_CPU_RELAX();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    bias_.store(nullptr, std::memory_order_relaxed);
+    threshold_ = std::min(threshold_ * 2, last_threshold);
+    last_ = me;
+    streak_ = 1;
+    return;
+  }
+  if (me == nullptr) return;  // no record (out of memory): never biased to this thread
+  if (last_ != me) {
+    last_ = me;
+    streak_ = 1;
+    return;
+  }
+  if (++streak_ >= threshold_) {
+    // Biased from the next acquisition on; this one is released through the inner lock.
+    bias_.store(me, std::memory_order_relaxed);
+    revoking_.store(false, std::memory_order_release);
+  }
+#endif
+}
+
+}  // namespace streampool::detail
