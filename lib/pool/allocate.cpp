@@ -1,10 +1,11 @@
 // Allocation: the fast path and the slow path.
 //
 // The fast path is what the data model is for: the stream's lookup (a thread-local cache, plus
-// what StreamChecks asks CUDA), one uncontended lock, a list pop and the counters. No other lock,
-// no device call beyond the lookup's, no write to memory another thread writes on its own fast
-// path; a large request the stream's shelf (shelf.cpp) fits is served the same way. Everything
-// else (an empty list or shelf, a stream that needs attention) is the slow path.
+// what StreamChecks asks CUDA), one uncontended lock (for the thread the lock is biased to, a
+// store and two loads: biased_lock.hpp), a list pop and the counters. No other lock, no device
+// call beyond the lookup's, no write to memory another thread writes on its own fast path; a
+// large request the stream's shelf (shelf.cpp) fits is served the same way. Everything else (an
+// empty list or shelf, a stream that needs attention) is the slow path.
 #include "pool_core.hpp"
 
 namespace streampool::detail {

@@ -4,12 +4,12 @@
 #include "checks.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #if defined(__linux__)
 #include <linux/membarrier.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -45,33 +45,33 @@ bool register_barrier() noexcept {
 struct Owners {
   std::mutex mutex;
   BiasedLock::Owner* free = nullptr;
-  pthread_key_t key{};
-  bool keyed = false;
 };
 
-
-void give_back(void* record) noexcept;
-
 Owners& owners() noexcept {
-  // Never destroyed: threads may exit after static destruction.
-  static Owners* const all = [] {
-    auto* o = new Owners;
-    o->keyed = pthread_key_create(&o->key, give_back) == 0;
-    return o;
-  }();
-  return *all;
+  static Owners* const all = new Owners;  // never destroyed: threads may exit after static
+  return *all;                            // destruction
 }
 
-// At the thread's exit (after its C++ thread-locals are destroyed): its record goes to the next
-// thread. A drop later in the exit (another key's destructor) takes a fresh record.
-void give_back(void* record) noexcept {
-  auto* owner = static_cast<BiasedLock::Owner*>(record);
+// At the thread's exit its record goes to the next new thread. A C++ thread-local's destructor
+// rather than a pthread key's: the C++ runtime keeps the library loaded until it has run. A lock
+// taken later in the exit (a thread-local destroyed after this one drops a buffer) gets a record
+// that is not given back.
+struct Reaper {
+  ~Reaper();
+};
+constinit thread_local bool reaped = false;
+thread_local Reaper reaper;
+
+Reaper::~Reaper() {
+  reaped = true;
+  BiasedLock::Owner* const owner = this_thread;
+  if (owner == nullptr) return;
   STREAMPOOL_ASSERT(owner->inside.load(std::memory_order_relaxed) == nullptr);
+  this_thread = nullptr;
   Owners& o = owners();
   std::lock_guard<std::mutex> guard(o.mutex);
   owner->next_free = o.free;
   o.free = owner;
-  if (this_thread == owner) this_thread = nullptr;
 }
 
 BiasedLock::Owner* new_owner() noexcept {
@@ -89,19 +89,19 @@ BiasedLock::Owner* new_owner() noexcept {
     owner = new (std::nothrow) BiasedLock::Owner;
     if (owner == nullptr) return nullptr;
   }
-  if (!o.keyed || pthread_setspecific(o.key, owner) != 0) {
-    // No way to hear of the thread's exit: the record is this thread's for the process's life.
-  }
+  if (!reaped) (void)&reaper;  // constructs it: its destructor gives the record back
   this_thread = owner;
   return owner;
 }
 
+// A full barrier on every CPU that runs a thread of this process, as if each had run one where
+// it stands: after it, an owner's store before its barrier point is seen here, and its loads
+// after that point see what this thread stored before the call.
 void heavy_barrier() noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const long done = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
-  STREAMPOOL_ASSERT(done == 0);
-  (void)done;
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+    // Registered, it cannot fail (membarrier(2)); were it to, an owner could be inside unseen.
+    std::abort();
+  }
 }
 
 #endif
@@ -139,8 +139,8 @@ void BiasedLock::lock_slow() noexcept {
   }
   if (bias != nullptr) {
     // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
-    revoking_.store(true, std::memory_order_relaxed);
-    heavy_barrier();
+    revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
+    heavy_barrier();                                   // one on the owner's CPU
     for (unsigned spins = 0; bias->inside.load(std::memory_order_acquire) == this; ++spins) {
       if (spins < 64) {
         STREAMPOOL_CPU_RELAX();

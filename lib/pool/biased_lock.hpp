@@ -27,6 +27,7 @@
 // SpinLock it wraps.
 #pragma once
 
+#include "checks.hpp"
 #include "spin_lock.hpp"
 
 #include <atomic>
@@ -57,7 +58,9 @@ class BiasedLock {
     if (Owner* const bias = bias_.load(std::memory_order_relaxed); bias != nullptr) {
       Owner* const me = biased_lock::this_thread;
       if (bias == me && me->inside.load(std::memory_order_relaxed) == nullptr) {
-        me->inside.store(this, std::memory_order_relaxed);
+        // Release: a revoker of the lock this thread left last that reads this store instead of
+        // that exit's is still ordered after the exit.
+        me->inside.store(this, std::memory_order_release);
         // Ordered against the revoker's store to revoking_ by its asymmetric barrier.
         std::atomic_signal_fence(std::memory_order_seq_cst);
         if (!revoking_.load(std::memory_order_acquire) &&
@@ -74,7 +77,9 @@ class BiasedLock {
   void unlock() noexcept {
     if (held_through_bias_) {
       held_through_bias_ = false;
-      bias_.load(std::memory_order_relaxed)->inside.store(nullptr, std::memory_order_release);
+      Owner* const owner = bias_.load(std::memory_order_relaxed);
+      STREAMPOOL_ASSERT(owner == biased_lock::this_thread && owner->inside.load() == this);
+      owner->inside.store(nullptr, std::memory_order_release);
       return;
     }
     inner_.unlock();

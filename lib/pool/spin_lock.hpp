@@ -1,6 +1,6 @@
-// A test-and-test-and-set lock for the per-stream state: uncontended, lock + unlock is one atomic
-// exchange and one store; it is contended only when two threads use one stream at once, or when a
-// slow path steals from the stream or records a fence on it.
+// A test-and-test-and-set lock: uncontended, lock + unlock is one atomic exchange and one store.
+// The stream state's lock (BiasedLock, biased_lock.hpp) wraps one, which its bias owner skips;
+// the raw API's pointer shards use it as it is.
 #pragma once
 
 #include <atomic>

@@ -4,7 +4,12 @@
 // the fastest repeat in nanoseconds per pair.
 //
 //   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES] [checks=none|full]
-//                         [modes=both|off]
+//                         [modes=both|off] [device=fake|quiet] [streams=own|one]
+//
+// device=quiet wraps the fake device in one that wants no notifications, as a real device does:
+// the fake's bookkeeping of every block (its race detector) is then left out and the figures are
+// the pool's own. streams=one puts every thread on one stream: the stream's lock then goes from
+// thread to thread (lib/pool/biased_lock.hpp, the worst case for its bias).
 //
 // Builds against a library without the recorder too (the "on" rows are then left out), so that
 // the off cost can be measured against the code before the recorder existed (the command in
@@ -44,6 +49,15 @@ struct Settings {
   std::size_t size = 4096;
   streampool::StreamChecks checks = streampool::StreamChecks::none;
   bool on = true;  // measure with the recorder on too (where the library has it)
+  bool quiet = false;       // device=quiet
+  bool one_stream = false;  // streams=one
+};
+
+// The fake device as a real one looks to the pool: no notifications.
+class Quiet : public streampool::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  bool wants_notifications() const noexcept override { return false; }
 };
 
 // Nanoseconds per pair, the mean over the threads, for one pool.
@@ -57,10 +71,14 @@ double run(const Settings& settings, int threads, [[maybe_unused]] const std::st
   options.trace_file = trace_file;
 #endif
   std::vector<cudaStream_t> streams;
-  for (int t = 0; t < threads; ++t) streams.push_back(fake->create_stream());
+  for (int t = 0; t < threads; ++t) {
+    streams.push_back(settings.one_stream && t > 0 ? streams.front() : fake->create_stream());
+  }
+  std::shared_ptr<streampool::Device> device = fake;
+  if (settings.quiet) device = std::make_shared<Quiet>(fake);
   double total_ns = 0;
   {
-    streampool::MemoryPool pool(fake, options);
+    streampool::MemoryPool pool(device, options);
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     std::vector<double> ns(threads, 0.0);
@@ -114,6 +132,10 @@ bool parse(Settings& s, const std::string& arg) {
   else if (key == "checks" && value == "full") s.checks = streampool::StreamChecks::full;
   else if (key == "modes" && value == "off") s.on = false;
   else if (key == "modes" && value == "both") s.on = true;
+  else if (key == "device" && value == "fake") s.quiet = false;
+  else if (key == "device" && value == "quiet") s.quiet = true;
+  else if (key == "streams" && value == "own") s.one_stream = false;
+  else if (key == "streams" && value == "one") s.one_stream = true;
   else return false;
   return s.pairs > 0 && s.repeats > 0 && s.threads > 0 && s.size > 0;
 }
@@ -126,7 +148,7 @@ int main(int argc, char** argv) {
     if (!parse(settings, argv[i])) {
       std::fprintf(stderr,
                    "usage: %s [pairs=N] [repeats=R] [threads=T] [size=BYTES] "
-                   "[checks=none|full] [modes=both|off]\n",
+                   "[checks=none|full] [modes=both|off] [device=fake|quiet] [streams=own|one]\n",
                    argv[0]);
       return 2;
     }
@@ -148,9 +170,11 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("%s pairs of %zu bytes per thread, %d repeats, stream_checks=%s, fake device\n",
+  std::printf("%s pairs of %zu bytes per thread, %d repeats, stream_checks=%s, %s, %s\n",
               std::to_string(settings.pairs).c_str(), settings.size, settings.repeats,
-              settings.checks == streampool::StreamChecks::none ? "none" : "full");
+              settings.checks == streampool::StreamChecks::none ? "none" : "full",
+              settings.quiet ? "fake device without notifications" : "fake device",
+              settings.one_stream ? "one stream for all threads" : "a stream per thread");
   std::printf("%-8s %-8s %14s %14s\n", "recorder", "threads", "median ns/pair", "min ns/pair");
   for (auto& [key, values] : samples) {
     std::sort(values.begin(), values.end());
