@@ -197,19 +197,23 @@ TEST_CASE("an owner entering again and again while another thread revokes its bi
 
 TEST_CASE("a thread's record goes to the next thread when it exits, biases and all") {
   if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  BiasedLock mine;
+  take(mine, 1);  // this thread's record, before the others come and go
   BiasedLock lock;
   std::thread([&] { take(lock, BiasedLock::first_threshold); }).join();
   CHECK(lock.biased());  // to the exited thread's record
-  // A new thread may get that record (and enter through the bias) or another (and revoke): it
-  // gets the lock either way, and so does this thread after it.
+  // The next new thread gets that record (the last given back), and enters through the bias.
   int count = 0;
   std::thread([&] {
     lock.lock();
     ++count;
     lock.unlock();
   }).join();
+  CHECK(lock.biased());
+  // This thread has a record of its own: it revokes.
   lock.lock();
   ++count;
   lock.unlock();
   CHECK(count == 2);
+  CHECK_FALSE(lock.biased());
 }
