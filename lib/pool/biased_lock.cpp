@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
-#include <thread>
 
 #if defined(__linux__)
 #include <linux/membarrier.h>
@@ -133,20 +132,18 @@ void BiasedLock::lock_slow() noexcept {
   Owner* const me = this_thread_owner();
   Owner* const bias = bias_.load(std::memory_order_relaxed);
   if (bias == me && me != nullptr) {
-    // This thread is inside another lock through its bias (it enters one at a time that way):
-    // it holds this one through the inner lock, which every other thread needs to revoke.
+    // The bias names this thread's record: the thread is inside another lock through its bias
+    // (it enters one at a time that way), or the record has just come to it from an exited
+    // thread. No thread is inside through the bias; this one holds the lock through the inner
+    // lock, which every other thread needs to revoke.
     return;
   }
   if (bias != nullptr) {
     // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
     revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
     heavy_barrier();                                   // one on the owner's CPU
-    for (unsigned spins = 0; bias->inside.load(std::memory_order_acquire) == this; ++spins) {
-      if (spins < 64) {
-        STREAMPOOL_CPU_RELAX();
-      } else {
-        std::this_thread::yield();
-      }
+    for (unsigned spins = 0; bias->inside.load(std::memory_order_acquire) == this;) {
+      back_off(spins);
     }
     bias_.store(nullptr, std::memory_order_relaxed);
     threshold_ = std::min(threshold_ * 2, last_threshold);

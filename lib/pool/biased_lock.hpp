@@ -7,8 +7,9 @@
 //
 //   - once one thread has taken the lock `threshold` times in a row through its inner SpinLock
 //     (no other thread in between), the lock is biased to that thread (its Owner record);
-//   - the owner enters by writing `this` to its record's `inside` and then reading `revoking_`:
-//     a store and a load, ordered against another thread only by the compiler;
+//   - the owner enters by writing `this` to its record's `inside` and then reading `revoking_`
+//     and the bias again: a store and two loads, ordered against another thread only by the
+//     compiler;
 //   - any other thread takes the inner SpinLock, sets `revoking_`, and runs an asymmetric barrier
 //     (membarrier(2), MEMBARRIER_CMD_PRIVATE_EXPEDITED), which orders the owner's store and load
 //     as a full fence on the owner's CPU would; it then waits for the owner's `inside` to leave

@@ -15,6 +15,16 @@
 
 namespace streampool::detail {
 
+// One step of waiting for another thread: a pause for the first 64 steps, then a yield (the
+// thread waited for may be inside a fence record, ~0.4 us, or descheduled).
+inline void back_off(unsigned& spins) noexcept {
+  if (spins++ < 64) {
+    STREAMPOOL_CPU_RELAX();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
 class SpinLock {
  public:
   void lock() noexcept {
@@ -26,13 +36,7 @@ class SpinLock {
  private:
   void lock_contended() noexcept {
     for (unsigned spins = 0;; ++spins) {
-      while (locked_.load(std::memory_order_relaxed)) {
-        if (spins++ < 64) {
-          STREAMPOOL_CPU_RELAX();
-        } else {
-          std::this_thread::yield();  // the holder may be inside a fence record (~0.4 us)
-        }
-      }
+      while (locked_.load(std::memory_order_relaxed)) back_off(spins);
       if (!locked_.exchange(true, std::memory_order_acquire)) return;
     }
   }
