@@ -2,12 +2,16 @@
 // biased after a run of acquisitions by one thread, another thread takes it from the owner, and
 // mutual exclusion holds through every hand-over, nested locks included.
 #include "../lib/pool/biased_lock.hpp"
+#include "pool_helpers.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -20,6 +24,59 @@ void take(BiasedLock& lock, std::uint32_t times) {
     lock.lock();
     lock.unlock();
   }
+}
+
+// One thread that runs what it is given, in turn, and stays alive between: the owner of the
+// locks it biases for as long as the test needs it.
+class OwnerThread {
+ public:
+  OwnerThread() : thread_([this] { serve(); }) {}
+  ~OwnerThread() {
+    run({});
+    thread_.join();
+  }
+  // Runs `task` on the thread and waits for it; an empty task ends the thread.
+  void run(std::function<void()> task) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_ = false;
+    task_ = std::move(task);
+    has_task_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return done_; });
+  }
+
+ private:
+  void serve() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return has_task_; });
+        has_task_ = false;
+        task = std::move(task_);
+      }
+      if (task) task();
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+      changed_.notify_all();
+      if (!task) return;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> task_;
+  bool has_task_ = false;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Whether the calling thread enters `lock` through its bias.
+bool enters_through_bias(BiasedLock& lock) {
+  lock.lock();
+  const bool through_bias = lock.held_through_bias();
+  lock.unlock();
+  return through_bias;
 }
 
 }  // namespace
@@ -216,4 +273,189 @@ TEST_CASE("a thread's record goes to the next thread when it exits, biases and a
   lock.unlock();
   CHECK(count == 2);
   CHECK_FALSE(lock.biased());
+}
+
+TEST_CASE("a sweep takes many locks biased to another thread with one barrier, and leaves them "
+          "biased to it") {
+  if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  BiasedLock mine;
+  take(mine, 1);  // this thread's record, before the owner's thread comes
+  constexpr int n = 16;
+  std::vector<BiasedLock> locks(n);
+  std::vector<int> counts(n, 0);
+  OwnerThread owner;
+  owner.run([&] {
+    for (BiasedLock& lock : locks) take(lock, BiasedLock::first_threshold);
+  });
+  for (const BiasedLock& lock : locks) REQUIRE(lock.biased());
+
+  const std::uint64_t before = BiasedLock::barriers();
+  {
+    BiasedLock::Sweep sweep;
+    for (BiasedLock& lock : locks) sweep.mark(lock);
+    sweep.cover();
+    for (int i = 0; i < n; ++i) {
+      locks[i].lock();
+      CHECK_FALSE(locks[i].held_through_bias());
+      ++counts[i];
+      locks[i].unlock();
+    }
+  }
+  CHECK(BiasedLock::barriers() - before == 1);  // taking each in turn: one each
+  int still_biased = 0;
+  for (const BiasedLock& lock : locks) still_biased += lock.biased() ? 1 : 0;
+  CHECK(still_biased == n);
+  // The owner enters each through its bias again at once.
+  int through_bias = 0;
+  owner.run([&] {
+    for (int i = 0; i < n; ++i) {
+      locks[i].lock();
+      through_bias += locks[i].held_through_bias() ? 1 : 0;
+      ++counts[i];
+      locks[i].unlock();
+    }
+  });
+  CHECK(through_bias == n);
+  CHECK(BiasedLock::barriers() - before == 1);
+  for (int count : counts) CHECK(count == 2);
+
+  // A sweep of locks biased to nobody but this thread runs no barrier.
+  take(mine, BiasedLock::first_threshold);
+  REQUIRE(mine.biased());
+  {
+    BiasedLock::Sweep sweep;
+    sweep.mark(mine);
+    sweep.cover();
+    CHECK(enters_through_bias(mine));
+  }
+  CHECK(BiasedLock::barriers() - before == 1);
+}
+
+TEST_CASE("while a sweep has marked a lock its owner enters through the inner lock, and a mark "
+          "the sweep leaves unused is undone when the sweep goes") {
+  if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  BiasedLock mine;
+  take(mine, 1);
+  BiasedLock lock;
+  OwnerThread owner;
+  owner.run([&] { take(lock, BiasedLock::first_threshold); });
+  bool through_bias = false;
+  owner.run([&] { through_bias = enters_through_bias(lock); });
+  REQUIRE(through_bias);
+  {
+    BiasedLock::Sweep sweep;
+    sweep.mark(lock);
+    sweep.cover();
+    owner.run([&] { through_bias = enters_through_bias(lock); });
+    CHECK_FALSE(through_bias);  // marked
+    CHECK(lock.biased());
+  }
+  owner.run([&] { through_bias = enters_through_bias(lock); });
+  CHECK(through_bias);  // the sweep's end gave it back
+
+  // A sweep whose barrier has not run takes a marked lock as any other thread does: it revokes.
+  const std::uint64_t before = BiasedLock::barriers();
+  {
+    BiasedLock::Sweep sweep;
+    sweep.mark(lock);
+    take(lock, 1);
+  }
+  CHECK(BiasedLock::barriers() - before == 1);
+  CHECK_FALSE(lock.biased());
+}
+
+TEST_CASE("owners entering their biased locks again and again while one thread sweeps them and "
+          "another revokes never overlap") {
+  // Each owner keeps taking its own lock; a sweeper marks all, covers and takes each, round after
+  // round; a third thread now and then takes one lock plainly (a revoke, after which its owner
+  // earns the bias again). The counters are plain ints: ThreadSanitizer sees any entry not ordered
+  // after the one before.
+  constexpr int owners = 3;
+  struct Guarded {
+    BiasedLock lock;
+    std::int64_t count = 0;
+    std::atomic<int> inside{0};
+  };
+  auto guarded = std::make_unique<Guarded[]>(owners);
+  std::atomic<int> overlaps{0};
+  const auto enter = [&](Guarded& g) {
+    g.lock.lock();
+    if (g.inside.fetch_add(1, std::memory_order_relaxed) != 0) overlaps.fetch_add(1);
+    ++g.count;
+    g.inside.fetch_sub(1, std::memory_order_relaxed);
+    g.lock.unlock();
+  };
+  std::atomic<bool> stop{false};
+  std::vector<std::int64_t> entries(owners + 2, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < owners; ++t) {
+    threads.emplace_back([&, t] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        enter(guarded[t]);
+        ++entries[t];
+      }
+    });
+  }
+  threads.emplace_back([&] {  // the sweeper
+    for (int round = 0; round < 400; ++round) {
+      BiasedLock::Sweep sweep;
+      for (int k = 0; k < owners; ++k) sweep.mark(guarded[k].lock);
+      sweep.cover();
+      for (int k = 0; k < owners; ++k) {
+        if ((round + k) % 5 == 4) continue;  // left marked: undone when the sweep goes
+        enter(guarded[k]);
+        ++entries[owners];
+      }
+      std::this_thread::yield();
+    }
+  });
+  threads.emplace_back([&] {  // the revoker
+    for (int round = 0; round < 100; ++round) {
+      enter(guarded[round % owners]);
+      ++entries[owners + 1];
+      for (int i = 0; i < 20; ++i) std::this_thread::yield();
+    }
+  });
+  threads[owners + 1].join();
+  threads[owners].join();
+  stop.store(true);
+  for (int t = 0; t < owners; ++t) threads[t].join();
+  CHECK(overlaps.load() == 0);
+  std::int64_t expected = 0;
+  for (std::int64_t e : entries) expected += e;
+  std::int64_t counted = 0;
+  for (int k = 0; k < owners; ++k) counted += guarded[k].count;
+  CHECK(counted == expected);
+}
+
+TEST_CASE("stats() on a pool whose streams are each used by a thread of its own runs one barrier, "
+          "and leaves each stream's lock to its thread") {
+  if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  PoolOnFake f;
+  BiasedLock mine;
+  take(mine, 1);  // this thread's record
+  constexpr int n = 4;
+  std::vector<std::unique_ptr<OwnerThread>> owners;
+  std::vector<cudaStream_t> streams;
+  for (int t = 0; t < n; ++t) {
+    owners.push_back(std::make_unique<OwnerThread>());
+    streams.push_back(f.device->create_stream());
+  }
+  const auto pairs = [&](int t) {
+    owners[t]->run([&] {
+      for (int i = 0; i < 300; ++i) {
+        auto b = streampool::PooledBuffer<std::byte>::alloc_async(*f.pool, 4096, streams[t]);
+      }
+    });
+  };
+  for (int t = 0; t < n; ++t) pairs(t);
+  for (int round = 0; round < 2; ++round) {
+    const std::uint64_t before = BiasedLock::barriers();
+    const streampool::PoolStats stats = f.pool->stats();
+    // Revoked, the locks would cost a barrier each now, and each again after the pairs below
+    // (300 acquisitions bias them once more).
+    CHECK(BiasedLock::barriers() - before == 1);
+    CHECK(stats.live_allocations.total == 300 * n * (round + 1));
+    for (int t = 0; t < n; ++t) pairs(t);
+  }
 }

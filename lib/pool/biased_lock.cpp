@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 
 #if defined(__linux__)
 #include <linux/membarrier.h>
@@ -26,6 +27,13 @@ using biased_lock::this_thread;
 // Past this many acquisitions in a row, a lock that was revoked is biased again: a stream whose
 // threads take turns pays at most one barrier per this many acquisitions.
 constexpr std::uint32_t last_threshold = 1u << 20;
+
+// Sweeps' tickets, unique over the process's life, and the last one whose barrier this thread
+// ran (BiasedLock::Sweep): a lock marked with it may be borrowed.
+std::atomic<std::uint64_t> tickets{0};
+constinit thread_local std::uint64_t covered = 0;
+
+std::atomic<std::uint64_t> barrier_count{0};
 
 #if defined(__linux__)
 
@@ -101,6 +109,13 @@ void heavy_barrier() noexcept {
     // Registered, it cannot fail (membarrier(2)); were it to, an owner could be inside unseen.
     std::abort();
   }
+  barrier_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+// After a barrier that followed the lock's `revoking_`: the owner, if inside, leaves and does not
+// come back until `revoking_` is cleared.
+void wait_for(const BiasedLock::Owner& owner, const BiasedLock* lock) noexcept {
+  for (unsigned spins = 0; owner.inside.load(std::memory_order_acquire) == lock;) back_off(spins);
 }
 
 #endif
@@ -113,6 +128,14 @@ bool BiasedLock::biasing_available() noexcept {
   return available;
 #else
   return false;
+#endif
+}
+
+std::uint64_t BiasedLock::barriers() noexcept {
+#if defined(__linux__)
+  return barrier_count.load(std::memory_order_relaxed);
+#else
+  return 0;
 #endif
 }
 
@@ -133,18 +156,25 @@ void BiasedLock::lock_slow() noexcept {
   Owner* const bias = bias_.load(std::memory_order_relaxed);
   if (bias == me && me != nullptr) {
     // The bias names this thread's record: the thread is inside another lock through its bias
-    // (it enters one at a time that way), or the record has just come to it from an exited
-    // thread. No thread is inside through the bias; this one holds the lock through the inner
-    // lock, which every other thread needs to revoke.
+    // (it enters one at a time that way), the record has just come to it from an exited thread,
+    // or a sweep has marked the lock and not yet given it back (until then each entry of this
+    // thread comes here). No thread is inside through the bias; this one holds the lock through
+    // the inner lock, which every other thread needs to revoke or borrow.
     return;
   }
   if (bias != nullptr) {
+    if (marked_ != 0 && marked_ == covered) {
+      // Marked by this thread's sweep, whose barrier came after the mark: borrow.
+      marked_ = 0;
+      wait_for(*bias, this);
+      held_ = Held::lent;
+      return;
+    }
     // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
+    marked_ = 0;
     revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
     heavy_barrier();                                   // one on the owner's CPU
-    for (unsigned spins = 0; bias->inside.load(std::memory_order_acquire) == this;) {
-      back_off(spins);
-    }
+    wait_for(*bias, this);
     bias_.store(nullptr, std::memory_order_relaxed);
     threshold_ = std::min(threshold_ * 2, last_threshold);
     last_ = me;
@@ -159,9 +189,70 @@ void BiasedLock::lock_slow() noexcept {
   }
   if (++streak_ >= threshold_) {
     // Biased from the next acquisition on; this one is released through the inner lock.
+    STREAMPOOL_ASSERT(marked_ == 0);
     bias_.store(me, std::memory_order_relaxed);
     revoking_.store(false, std::memory_order_release);
   }
+#endif
+}
+
+void BiasedLock::give_back() noexcept {
+  STREAMPOOL_ASSERT(bias_.load(std::memory_order_relaxed) != nullptr && marked_ == 0 &&
+                    revoking_.load(std::memory_order_relaxed));
+  held_ = Held::inner;
+  // Release: the owner's next entry through the bias (an acquire load of revoking_) comes after
+  // everything this thread did inside.
+  revoking_.store(false, std::memory_order_release);
+}
+
+BiasedLock::Sweep::Sweep() noexcept
+#if defined(__linux__)
+    : ticket_(tickets.fetch_add(1, std::memory_order_relaxed) + 1)
+#else
+    : ticket_(0)
+#endif
+{
+}
+
+BiasedLock::Sweep::~Sweep() {
+  // A lock marked and not borrowed (a sweep that skips it, or another thread's revoke in between)
+  // goes back to its owner: its every entry takes the inner lock until then.
+  for (BiasedLock* lock : marked_) {
+    lock->inner_.lock();
+    if (lock->marked_ == ticket_) {
+      lock->marked_ = 0;
+      lock->revoking_.store(false, std::memory_order_release);
+    }
+    lock->inner_.unlock();
+  }
+}
+
+void BiasedLock::Sweep::mark([[maybe_unused]] BiasedLock& lock) noexcept {
+#if defined(__linux__)
+  if (lock.bias_.load(std::memory_order_relaxed) == nullptr) return;  // biased later: revoked
+  try {
+    marked_.reserve(marked_.size() + 1);
+  } catch (const std::bad_alloc&) {
+    return;  // not marked: revoked
+  }
+  Owner* const me = this_thread_owner();
+  lock.inner_.lock();
+  if (Owner* const bias = lock.bias_.load(std::memory_order_relaxed);
+      bias != nullptr && bias != me) {
+    // Another sweep's mark, if any, is taken over: that sweep revokes instead of borrowing.
+    lock.marked_ = ticket_;
+    lock.revoking_.store(true, std::memory_order_seq_cst);  // before the barrier in cover()
+    marked_.push_back(&lock);
+  }
+  lock.inner_.unlock();
+#endif
+}
+
+void BiasedLock::Sweep::cover() noexcept {
+#if defined(__linux__)
+  if (marked_.empty()) return;
+  heavy_barrier();
+  covered = ticket_;
 #endif
 }
 

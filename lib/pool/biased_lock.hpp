@@ -18,11 +18,23 @@
 //     lock). The lock stays unbiased and the threshold doubles, so that a stream shared by
 //     threads pays the barrier (a system call, microseconds) rarely.
 //
+// A sweep (stats(), the reclaim's walks: one thread locking every stream in turn) would revoke
+// every lock biased to another thread, a barrier each, and leave each owner to earn its bias again
+// over a doubled run. A Sweep instead marks the locks first (`revoking_` set, the sweep's ticket
+// in `marked_`), runs one barrier for all of them, and its thread's next lock() of a marked lock
+// borrows it: it waits for the owner to leave, as a revoker does, but keeps the bias, which its
+// unlock() gives back by clearing `revoking_`. While a lock is marked its owner enters through
+// the inner lock; the marks a sweep leaves unused are undone when it goes; any other thread
+// revokes as usual.
+//
 // Invariants (checked in debug builds where they can be):
 //   - at most one thread is inside: the bias owner through `inside`, or the holder of `inner_`;
 //   - `bias_` changes only under `inner_`, with no owner inside this lock;
 //   - `revoking_` is false only while `bias_` names an owner whose entry is allowed;
-//   - `held_through_bias_` is written only by the thread inside.
+//   - `marked_` is not zero only while `bias_` is set and `revoking_` is true; it is the ticket
+//     of the sweep that marked the lock last, and only the thread whose barrier ran after that
+//     mark (its `covered` ticket is that one) may borrow the lock;
+//   - `held_` is written only by the thread inside.
 //
 // Where membarrier is not available (not Linux, or refused), no lock is ever biased: it is the
 // SpinLock it wraps.
@@ -33,6 +45,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 namespace streampool::detail {
 
@@ -66,7 +79,7 @@ class BiasedLock {
         std::atomic_signal_fence(std::memory_order_seq_cst);
         if (!revoking_.load(std::memory_order_acquire) &&
             bias_.load(std::memory_order_relaxed) == me) {
-          held_through_bias_ = true;
+          held_ = Held::through_bias;
           return;
         }
         me->inside.store(nullptr, std::memory_order_release);
@@ -76,15 +89,36 @@ class BiasedLock {
   }
 
   void unlock() noexcept {
-    if (held_through_bias_) {
-      held_through_bias_ = false;
+    if (held_ == Held::through_bias) {
+      held_ = Held::inner;
       Owner* const owner = bias_.load(std::memory_order_relaxed);
       STREAMPOOL_ASSERT(owner == biased_lock::this_thread && owner->inside.load() == this);
       owner->inside.store(nullptr, std::memory_order_release);
       return;
     }
+    if (held_ == Held::lent) give_back();
     inner_.unlock();
   }
+
+  // Marks locks that one thread is about to take in turn, then covers them all with one barrier
+  // (see above); the marks it leaves unused are undone when it goes. Marking and undoing take each
+  // lock's inner lock for a moment: this thread may hold none of the locks then.
+  class Sweep {
+   public:
+    Sweep() noexcept;
+    ~Sweep();
+    Sweep(const Sweep&) = delete;
+    Sweep& operator=(const Sweep&) = delete;
+    // A lock biased to another thread is marked; any other is left as it is (and so is one
+    // that finds no room in the list: taking it revokes).
+    void mark(BiasedLock& lock) noexcept;
+    // One barrier, when a lock was marked: from here on this thread borrows the marked locks.
+    void cover() noexcept;
+
+   private:
+    std::uint64_t ticket_;
+    std::vector<BiasedLock*> marked_;
+  };
 
   // For tests: the first threshold of every lock (as constructed), and whether locks can be
   // biased in this process at all.
@@ -92,15 +126,24 @@ class BiasedLock {
   static bool biasing_available() noexcept;
   // For tests: whether the lock is biased now (a hint: it can change at any moment).
   bool biased() const noexcept { return bias_.load(std::memory_order_relaxed) != nullptr; }
+  // For tests, by the thread inside: whether it entered through the bias.
+  bool held_through_bias() const noexcept { return held_ == Held::through_bias; }
+  // For tests: how many barriers (membarrier calls) the process has run to take locks from their
+  // owners.
+  static std::uint64_t barriers() noexcept;
 
  private:
+  enum class Held : std::uint8_t { inner, through_bias, lent };
+
   static Owner* this_thread_owner() noexcept;
   void lock_slow() noexcept;
+  void give_back() noexcept;  // the end of a borrow: the bias is the owner's again
 
   std::atomic<Owner*> bias_{nullptr};
   std::atomic<bool> revoking_{true};
-  bool held_through_bias_ = false;  // [inside]
+  Held held_ = Held::inner;  // [inside]
   SpinLock inner_;
+  std::uint64_t marked_ = 0;  // the ticket of the sweep that marked the lock, or 0 [inner_]
   // The thread that last took inner_, how many times in a row, and after how many the lock is
   // biased to it. [inner_]
   const Owner* last_ = nullptr;

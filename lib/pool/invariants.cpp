@@ -48,11 +48,15 @@ bool PoolCore::consistent_state(StreamState& s) noexcept {
 }
 
 bool PoolCore::consistent() noexcept {
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
-    const bool ok = consistent_state(*s);
-    s->lock.unlock();
-    if (!ok) return false;
+  {
+    BiasedLock::Sweep sweep;
+    registry_.mark_every(sweep);
+    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+      s->lock.lock();
+      const bool ok = consistent_state(*s);
+      s->lock.unlock();
+      if (!ok) return false;
+    }
   }
   {
     std::lock_guard<std::mutex> lock(parked_mutex_);

@@ -139,11 +139,15 @@ void PoolCore::orphan() noexcept {
   // drop either happened before (not counted, sees no flag) or after (counted, sees the flag and
   // counts down). The bias of one keeps the count from reaching zero before all are counted.
   orphan_remaining_.store(1);
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
-    s->orphaned = true;
-    orphan_remaining_.fetch_add(s->counters.live);
-    s->lock.unlock();
+  {
+    BiasedLock::Sweep sweep;
+    registry_.mark_every(sweep);
+    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+      s->lock.lock();
+      s->orphaned = true;
+      orphan_remaining_.fetch_add(s->counters.live);
+      s->lock.unlock();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(keepers_mutex_);

@@ -55,10 +55,15 @@ void PoolCore::drain_asking(Asked asked) noexcept {
   } catch (const std::bad_alloc&) {
   }
   if (!any) return;
-  for (StreamState* s : waited) {
-    s->lock.lock();
-    refresh(*s);
-    s->lock.unlock();
+  {
+    BiasedLock::Sweep sweep;
+    for (StreamState* s : waited) sweep.mark(s->lock);
+    sweep.cover();
+    for (StreamState* s : waited) {
+      s->lock.lock();
+      refresh(*s);
+      s->lock.unlock();
+    }
   }
   std::vector<Block*> clean;
   {
@@ -171,18 +176,22 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   // the synchronize does not cover.
   const std::uint64_t sync = device_timeline_.recorded.load(std::memory_order_relaxed);
   device_timeline_.recorded.store(sync + 1, std::memory_order_release);
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
-    const std::uint64_t index = s->timeline.recorded.load(std::memory_order_relaxed);
-    try {
-      s->fences.push_back({index, nullptr, sync});
-      s->timeline.recorded.store(index + 1, std::memory_order_release);
-      s->unfenced_bytes = 0;
-      s->unfenced_since_ns = 0;
-    } catch (const std::bad_alloc&) {
-      // this stream's blocks wait for a later synchronize
+  {
+    BiasedLock::Sweep sweep;
+    registry_.mark_every(sweep);
+    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+      s->lock.lock();
+      const std::uint64_t index = s->timeline.recorded.load(std::memory_order_relaxed);
+      try {
+        s->fences.push_back({index, nullptr, sync});
+        s->timeline.recorded.store(index + 1, std::memory_order_release);
+        s->unfenced_bytes = 0;
+        s->unfenced_since_ns = 0;
+      } catch (const std::bad_alloc&) {
+        // this stream's blocks wait for a later synchronize
+      }
+      s->lock.unlock();
     }
-    s->lock.unlock();
   }
   stranded_bytes_.store(0, std::memory_order_relaxed);
   lost_streams_.store(0, std::memory_order_relaxed);
@@ -200,27 +209,31 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   // arena, where every stream (and the slab and segment returns below and in trim) sees it.
   unshelve_all();
   std::vector<Block*> clean;
-  for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
-    refresh(*s);
-    std::size_t moved = 0;
-    try {
-      for (std::size_t c = 0; c < classes_.count(); ++c) {
-        BlockList& list = s->free[c];
-        for (Block* b = list.head; b != nullptr;) {
-          Block* next = b->next;
-          if (covered(b->need)) {
-            clean.push_back(b);
-            list.remove(b);
-            ++moved;
+  {
+    BiasedLock::Sweep sweep;
+    registry_.mark_every(sweep);
+    for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
+      s->lock.lock();
+      refresh(*s);
+      std::size_t moved = 0;
+      try {
+        for (std::size_t c = 0; c < classes_.count(); ++c) {
+          BlockList& list = s->free[c];
+          for (Block* b = list.head; b != nullptr;) {
+            Block* next = b->next;
+            if (covered(b->need)) {
+              clean.push_back(b);
+              list.remove(b);
+              ++moved;
+            }
+            b = next;
           }
-          b = next;
         }
+      } catch (const std::bad_alloc&) {
       }
-    } catch (const std::bad_alloc&) {
+      s->set_free_blocks(s->free_blocks.load(std::memory_order_relaxed) - moved);
+      s->lock.unlock();
     }
-    s->set_free_blocks(s->free_blocks.load(std::memory_order_relaxed) - moved);
-    s->lock.unlock();
   }
   make_clean(clean);
   drain_parked();

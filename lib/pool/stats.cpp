@@ -52,6 +52,8 @@ void PoolCore::publish_falls() noexcept {
   if (!falls_wait_.exchange(false, std::memory_order_relaxed)) return;
   // A drop that read the flag before this store holds its stream's lock: the walk below takes
   // that lock after it, and publishes what the drop left unpublished.
+  BiasedLock::Sweep sweep;
+  registry_.mark_every(sweep);
   for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
     s->lock.lock();
     publish(s->counters);
@@ -90,19 +92,23 @@ void PoolCore::count_device_free(std::size_t bytes) noexcept {
 
 PoolStats PoolCore::stats() const {
   PoolStats s;
-  for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
-    state->lock.lock();
-    const StreamCounters& c = state->counters;
-    s.requested_bytes.current += c.requested;
-    s.requested_bytes.total += c.requested_total;
-    s.live_allocations.current += c.live;
-    s.live_allocations.total += c.live_total;
-    s.cache_hits += c.hits;
-    s.cache_misses += c.misses;
-    s.fences_recorded += c.fences;
-    s.cross_stream_reuses += c.cross_stream;
-    s.blocking_fallbacks += c.blocking;
-    state->lock.unlock();
+  {
+    BiasedLock::Sweep sweep;
+    registry_.mark_every(sweep);
+    for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
+      state->lock.lock();
+      const StreamCounters& c = state->counters;
+      s.requested_bytes.current += c.requested;
+      s.requested_bytes.total += c.requested_total;
+      s.live_allocations.current += c.live;
+      s.live_allocations.total += c.live_total;
+      s.cache_hits += c.hits;
+      s.cache_misses += c.misses;
+      s.fences_recorded += c.fences;
+      s.cross_stream_reuses += c.cross_stream;
+      s.blocking_fallbacks += c.blocking;
+      state->lock.unlock();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(keepers_mutex_);
@@ -125,21 +131,31 @@ PoolBreakdown PoolCore::breakdown() {
   large_.describe(b);
   b.small_depot_bytes = static_cast<std::int64_t>(small_.depot_bytes());
   b.slab_bytes = static_cast<std::int64_t>(small_.slab_bytes());
-  for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
-    if (state->free_blocks.load(std::memory_order_relaxed) == 0 &&
-        state->shelved.load(std::memory_order_relaxed) == 0) {
-      continue;
+  {
+    BiasedLock::Sweep sweep;
+    for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
+      if (state->free_blocks.load(std::memory_order_relaxed) != 0 ||
+          state->shelved.load(std::memory_order_relaxed) != 0) {
+        sweep.mark(state->lock);
+      }
     }
-    state->lock.lock();
-    for (unsigned c = 0; c < classes_.count(); ++c) {
-      const BlockList& list = state->free[c];
-      if (!list.empty()) b.small_cached_bytes += static_cast<std::int64_t>(list.count * list.head->size);
+    sweep.cover();
+    for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
+      if (state->free_blocks.load(std::memory_order_relaxed) == 0 &&
+          state->shelved.load(std::memory_order_relaxed) == 0) {
+        continue;
+      }
+      state->lock.lock();
+      for (unsigned c = 0; c < classes_.count(); ++c) {
+        const BlockList& list = state->free[c];
+        if (!list.empty()) b.small_cached_bytes += static_cast<std::int64_t>(list.count * list.head->size);
+      }
+      for (const Block* range = state->shelf.head; range != nullptr; range = range->next) {
+        ++b.shelved_ranges;
+        b.shelved_bytes += static_cast<std::int64_t>(range->size);
+      }
+      state->lock.unlock();
     }
-    for (const Block* range = state->shelf.head; range != nullptr; range = range->next) {
-      ++b.shelved_ranges;
-      b.shelved_bytes += static_cast<std::int64_t>(range->size);
-    }
-    state->lock.unlock();
   }
   std::lock_guard<std::mutex> lock(parked_mutex_);
   for (const Parked& p : parked_) {

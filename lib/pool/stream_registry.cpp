@@ -208,6 +208,8 @@ void StreamRegistry::note_several() noexcept {
   if (several_.exchange(true, std::memory_order_relaxed)) return;
   // The unfenced bound starts to apply to every stream.
   const std::size_t limit = pool_.policy().limit(true);
+  BiasedLock::Sweep sweep;
+  mark_every(sweep);
   for (StreamState* s = first(); s != nullptr; s = s->next_state) {
     s->lock.lock();
     s->unfenced_limit = limit;
@@ -219,6 +221,9 @@ void StreamRegistry::note_several() noexcept {
 
 void StreamRegistry::retire_idle() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  BiasedLock::Sweep sweep;
+  for (const auto& [id, s] : by_id_) sweep.mark(s->lock);
+  sweep.cover();
   for (auto it = by_id_.begin(); it != by_id_.end();) {
     StreamState& s = *it->second;
     s.lock.lock();

@@ -5,11 +5,14 @@
 //
 //   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES] [checks=none|full]
 //                         [modes=both|off] [device=fake|quiet] [streams=own|one]
+//                         [stats_every=MICROSECONDS]
 //
 // device=quiet wraps the fake device in one that wants no notifications, as a real device does:
 // the fake's bookkeeping of every block (its race detector) is then left out and the figures are
 // the pool's own. streams=one puts every thread on one stream: the stream's lock then goes from
-// thread to thread (lib/pool/biased_lock.hpp, the worst case for its bias).
+// thread to thread (lib/pool/biased_lock.hpp, the worst case for its bias). stats_every=U has one
+// more thread call MemoryPool::stats() every U microseconds while the pairs run, and prints what
+// a call took: stats() locks every stream's state in turn, each biased to its worker.
 //
 // Builds against a library without the recorder too (the "on" rows are then left out), so that
 // the off cost can be measured against the code before the recorder existed (the command in
@@ -51,6 +54,14 @@ struct Settings {
   bool on = true;  // measure with the recorder on too (where the library has it)
   bool quiet = false;       // device=quiet
   bool one_stream = false;  // streams=one
+  int stats_every_us = 0;   // stats_every: 0 for no stats() thread
+};
+
+// The stats() calls of one thread count's runs.
+struct StatsCalls {
+  std::uint64_t calls = 0;
+  double total_ns = 0;
+  double max_ns = 0;
 };
 
 // The fake device as a real one looks to the pool: no notifications.
@@ -62,7 +73,7 @@ class Quiet : public streampool::ForwardingDevice {
 
 // Nanoseconds per pair, the mean over the threads, for one pool.
 double run(const Settings& settings, int threads, [[maybe_unused]] const std::string& trace_file,
-           [[maybe_unused]] bool& complete) {
+           [[maybe_unused]] bool& complete, StatsCalls& stats_calls) {
   auto fake = std::make_shared<streampool::FakeDevice>();
   streampool::PoolOptions options;
   options.read_environment = false;
@@ -105,7 +116,25 @@ double run(const Settings& settings, int threads, [[maybe_unused]] const std::st
     }
     while (ready.load() != threads) std::this_thread::yield();
     go.store(true);
+    std::atomic<int> finished{0};
+    std::thread statistician;
+    if (settings.stats_every_us > 0) {
+      statistician = std::thread([&] {
+        while (finished.load() == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(settings.stats_every_us));
+          const auto start = Clock::now();
+          const streampool::PoolStats seen = pool.stats();
+          const double took = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+          if (seen.live_allocations.current < 0) std::puts("");  // keeps the call observable
+          ++stats_calls.calls;
+          stats_calls.total_ns += took;
+          stats_calls.max_ns = std::max(stats_calls.max_ns, took);
+        }
+      });
+    }
     for (auto& w : workers) w.join();
+    finished.store(1);
+    if (statistician.joinable()) statistician.join();
     for (double v : ns) total_ns += v;
 #if STREAMPOOL_TRACE_COST_HAVE_RECORDER
     if (!trace_file.empty()) {
@@ -136,8 +165,9 @@ bool parse(Settings& s, const std::string& arg) {
   else if (key == "device" && value == "quiet") s.quiet = true;
   else if (key == "streams" && value == "own") s.one_stream = false;
   else if (key == "streams" && value == "one") s.one_stream = true;
+  else if (key == "stats_every") s.stats_every_us = std::stoi(value);
   else return false;
-  return s.pairs > 0 && s.repeats > 0 && s.threads > 0 && s.size > 0;
+  return s.stats_every_us >= 0 && s.pairs > 0 && s.repeats > 0 && s.threads > 0 && s.size > 0;
 }
 
 }  // namespace
@@ -148,7 +178,8 @@ int main(int argc, char** argv) {
     if (!parse(settings, argv[i])) {
       std::fprintf(stderr,
                    "usage: %s [pairs=N] [repeats=R] [threads=T] [size=BYTES] "
-                   "[checks=none|full] [modes=both|off] [device=fake|quiet] [streams=own|one]\n",
+                   "[checks=none|full] [modes=both|off] [device=fake|quiet] [streams=own|one] "
+                   "[stats_every=MICROSECONDS]\n",
                    argv[0]);
       return 2;
     }
@@ -160,12 +191,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> modes{"off"};
   if (STREAMPOOL_TRACE_COST_HAVE_RECORDER && settings.on) modes.push_back("on");
   std::map<std::pair<std::string, int>, std::vector<double>> samples;
+  std::map<int, StatsCalls> stats_calls;
   bool complete = true;
   for (int r = 0; r < settings.repeats; ++r) {
     for (int threads = 1; threads <= settings.threads; ++threads) {
       for (const std::string& mode : modes) {
         samples[{mode, threads}].push_back(
-            run(settings, threads, mode == "on" ? trace_file : std::string(), complete));
+            run(settings, threads, mode == "on" ? trace_file : std::string(), complete,
+                stats_calls[threads]));
         std::filesystem::remove(trace_file);
       }
     }
@@ -180,6 +213,15 @@ int main(int argc, char** argv) {
     std::sort(values.begin(), values.end());
     std::printf("%-8s %-8d %14.1f %14.1f\n", key.first.c_str(), key.second,
                 values[values.size() / 2], values.front());
+  }
+  if (settings.stats_every_us > 0) {
+    std::printf("stats() every %d us while the pairs run:\n", settings.stats_every_us);
+    std::printf("%-8s %10s %14s %14s\n", "threads", "calls", "mean us/call", "max us/call");
+    for (const auto& [threads, c] : stats_calls) {
+      std::printf("%-8d %10llu %14.2f %14.2f\n", threads, static_cast<unsigned long long>(c.calls),
+                  c.calls == 0 ? 0.0 : c.total_ns / static_cast<double>(c.calls) / 1000.0,
+                  c.max_ns / 1000.0);
+    }
   }
   if (!complete) {
     std::fprintf(stderr, "a recording missed calls\n");
