@@ -28,12 +28,12 @@ using biased_lock::this_thread;
 // threads take turns pays at most one barrier per this many acquisitions.
 constexpr std::uint32_t last_threshold = 1u << 20;
 
-// Sweeps' tickets, unique over the process's life, and the last one whose barrier this thread
-// ran (BiasedLock::Sweep): a lock marked with it may be borrowed.
-std::atomic<std::uint64_t> tickets{0};
-constinit thread_local std::uint64_t covered = 0;
-
-std::atomic<std::uint64_t> barrier_count{0};
+// The barriers run, in the order they began (the next one's place), and one past the latest place
+// of a barrier that has completed: a barrier whose place is at least a mark's `marked_at_` began
+// after the mark's store to revoking_ (both sequentially consistent).
+std::atomic<std::uint64_t> barriers_begun{0};
+std::atomic<std::uint64_t> barriers_done{0};
+std::atomic<std::uint64_t> borrow_count{0};
 
 #if defined(__linux__)
 
@@ -105,11 +105,16 @@ BiasedLock::Owner* new_owner() noexcept {
 // it stands: after it, an owner's store before its barrier point is seen here, and its loads
 // after that point see what this thread stored before the call.
 void heavy_barrier() noexcept {
+  const std::uint64_t place = barriers_begun.fetch_add(1, std::memory_order_seq_cst);
   if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
     // Registered, it cannot fail (membarrier(2)); were it to, an owner could be inside unseen.
     std::abort();
   }
-  barrier_count.fetch_add(1, std::memory_order_relaxed);
+  std::uint64_t done = barriers_done.load(std::memory_order_relaxed);
+  while (done < place + 1 &&
+         !barriers_done.compare_exchange_weak(done, place + 1, std::memory_order_release,
+                                              std::memory_order_relaxed)) {
+  }
 }
 
 // After a barrier that followed the lock's `revoking_`: the owner, if inside, leaves and does not
@@ -133,7 +138,15 @@ bool BiasedLock::biasing_available() noexcept {
 
 std::uint64_t BiasedLock::barriers() noexcept {
 #if defined(__linux__)
-  return barrier_count.load(std::memory_order_relaxed);
+  return barriers_begun.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
+std::uint64_t BiasedLock::borrows() noexcept {
+#if defined(__linux__)
+  return borrow_count.load(std::memory_order_relaxed);
 #else
   return 0;
 #endif
@@ -163,15 +176,9 @@ void BiasedLock::lock_slow() noexcept {
     return;
   }
   if (bias != nullptr) {
-    if (marked_ != 0 && marked_ == covered) {
-      // Marked by this thread's sweep, whose barrier came after the mark: borrow.
-      marked_ = 0;
-      wait_for(*bias, this);
-      held_ = Held::lent;
-      return;
-    }
     // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
-    marked_ = 0;
+    // Sweeps' pending marks go with the bias (each finds the generation changed).
+    marks_ = 0;
     revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
     heavy_barrier();                                   // one on the owner's CPU
     wait_for(*bias, this);
@@ -189,7 +196,8 @@ void BiasedLock::lock_slow() noexcept {
   }
   if (++streak_ >= threshold_) {
     // Biased from the next acquisition on; this one is released through the inner lock.
-    STREAMPOOL_ASSERT(marked_ == 0);
+    STREAMPOOL_ASSERT(marks_ == 0);
+    ++generation_;
     bias_.store(me, std::memory_order_relaxed);
     revoking_.store(false, std::memory_order_release);
   }
@@ -197,63 +205,97 @@ void BiasedLock::lock_slow() noexcept {
 }
 
 void BiasedLock::give_back() noexcept {
-  STREAMPOOL_ASSERT(bias_.load(std::memory_order_relaxed) != nullptr && marked_ == 0 &&
-                    revoking_.load(std::memory_order_relaxed));
   held_ = Held::inner;
-  // Release: the owner's next entry through the bias (an acquire load of revoking_) comes after
-  // everything this thread did inside.
-  revoking_.store(false, std::memory_order_release);
+  take_back_mark();
 }
 
-BiasedLock::Sweep::Sweep() noexcept
-#if defined(__linux__)
-    : ticket_(tickets.fetch_add(1, std::memory_order_relaxed) + 1)
-#else
-    : ticket_(0)
-#endif
-{
+void BiasedLock::take_back_mark() noexcept {
+  STREAMPOOL_ASSERT(bias_.load(std::memory_order_relaxed) != nullptr && marks_ > 0 &&
+                    revoking_.load(std::memory_order_relaxed));
+  if (--marks_ == 0) {
+    // Release: the owner's next entry through the bias (an acquire load of revoking_) comes
+    // after everything done inside by the sweeps that borrowed the lock.
+    revoking_.store(false, std::memory_order_release);
+  }
 }
 
 BiasedLock::Sweep::~Sweep() {
-  // A lock marked and not borrowed (a sweep that skips it, or another thread's revoke in between)
-  // goes back to its owner: its every entry takes the inner lock until then.
-  for (BiasedLock* lock : marked_) {
-    lock->inner_.lock();
-    if (lock->marked_ == ticket_) {
-      lock->marked_ = 0;
-      lock->revoking_.store(false, std::memory_order_release);
+  for (const Entry& e : entries_) {
+    if (!e.marked) continue;
+    BiasedLock& lock = *e.lock;
+    lock.inner_.lock();
+    if (lock.bias_.load(std::memory_order_relaxed) != nullptr && lock.generation_ == e.generation) {
+      lock.take_back_mark();
     }
-    lock->inner_.unlock();
+    lock.inner_.unlock();
   }
 }
 
-void BiasedLock::Sweep::mark([[maybe_unused]] BiasedLock& lock) noexcept {
-#if defined(__linux__)
-  if (lock.bias_.load(std::memory_order_relaxed) == nullptr) return;  // biased later: revoked
+void BiasedLock::Sweep::mark(BiasedLock& lock) noexcept {
   try {
-    marked_.reserve(marked_.size() + 1);
+    entries_.push_back({&lock, 0, false});
   } catch (const std::bad_alloc&) {
-    return;  // not marked: revoked
+    return;  // not noted: taken, it is locked as any other thread locks it
   }
+#if defined(__linux__)
+  // After the barrier a mark would be borrowed uncovered; on a lock biased later, the lock()
+  // revokes.
+  if (covered_ || lock.bias_.load(std::memory_order_relaxed) == nullptr) return;
+  Entry& e = entries_.back();
   Owner* const me = this_thread_owner();
   lock.inner_.lock();
   if (Owner* const bias = lock.bias_.load(std::memory_order_relaxed);
       bias != nullptr && bias != me) {
-    // Another sweep's mark, if any, is taken over: that sweep revokes instead of borrowing.
-    lock.marked_ = ticket_;
-    lock.revoking_.store(true, std::memory_order_seq_cst);  // before the barrier in cover()
-    marked_.push_back(&lock);
+    if (lock.marks_++ == 0) {
+      lock.revoking_.store(true, std::memory_order_seq_cst);
+      lock.marked_at_ = barriers_begun.load(std::memory_order_seq_cst);
+    }
+    e.marked = true;
+    e.generation = lock.generation_;
+    last_mark_ = std::max(last_mark_, lock.marked_at_);
+    any_marked_ = true;
   }
   lock.inner_.unlock();
 #endif
 }
 
 void BiasedLock::Sweep::cover() noexcept {
+  covered_ = true;
 #if defined(__linux__)
-  if (marked_.empty()) return;
-  heavy_barrier();
-  covered = ticket_;
+  // A barrier that began after every mark this sweep relies on and has completed (another
+  // sweep's, or a revoker's) serves as well as one of its own.
+  if (any_marked_ && barriers_done.load(std::memory_order_acquire) <= last_mark_) heavy_barrier();
 #endif
+}
+
+void BiasedLock::Sweep::lock(BiasedLock& lock) noexcept {
+  Entry* found = nullptr;
+  for (std::size_t i = next_; i < entries_.size() && found == nullptr; ++i) {
+    if (entries_[i].lock == &lock) {
+      found = &entries_[i];
+      next_ = i + 1;
+    }
+  }
+  for (std::size_t i = 0; i < next_ && found == nullptr; ++i) {
+    if (entries_[i].lock == &lock) found = &entries_[i];
+  }
+#if defined(__linux__)
+  if (found != nullptr && found->marked && covered_) {
+    found->marked = false;
+    lock.inner_.lock();
+    Owner* const bias = lock.bias_.load(std::memory_order_relaxed);
+    if (bias != nullptr && lock.generation_ == found->generation) {
+      // This sweep's mark holds: revoking_ has been set since a mark that the barrier followed.
+      STREAMPOOL_ASSERT(lock.marks_ > 0 && lock.revoking_.load(std::memory_order_relaxed));
+      wait_for(*bias, &lock);
+      lock.held_ = Held::lent;
+      borrow_count.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    lock.inner_.unlock();  // revoked since: the mark went with the bias
+  }
+#endif
+  lock.lock();
 }
 
 }  // namespace streampool::detail

@@ -20,20 +20,23 @@
 //
 // A sweep (stats(), the reclaim's walks: one thread locking every stream in turn) would revoke
 // every lock biased to another thread, a barrier each, and leave each owner to earn its bias again
-// over a doubled run. A Sweep instead marks the locks first (`revoking_` set, the sweep's ticket
-// in `marked_`), runs one barrier for all of them, and its thread's next lock() of a marked lock
-// borrows it: it waits for the owner to leave, as a revoker does, but keeps the bias, which its
-// unlock() gives back by clearing `revoking_`. While a lock is marked its owner enters through
-// the inner lock; the marks a sweep leaves unused are undone when it goes; any other thread
-// revokes as usual.
+// over a doubled run. A Sweep instead marks the locks first (under each inner lock: one more
+// pending mark, `revoking_` set by the first), runs one barrier for all of them (none when a
+// barrier that began after its last mark has already completed, another sweep's), and then
+// takes each marked lock through Sweep::lock(), which borrows it: it waits for the owner to
+// leave, as a revoker does, but keeps the bias; its unlock() takes the mark back, and the last
+// pending mark to go clears `revoking_`, which gives the lock back whole. While a lock is marked
+// its owner enters through the inner lock; the marks a sweep leaves unused are taken back when it
+// goes; a plain lock() by any other thread revokes as before, and voids the pending marks (the
+// bias's generation changes).
 //
 // Invariants (checked in debug builds where they can be):
 //   - at most one thread is inside: the bias owner through `inside`, or the holder of `inner_`;
 //   - `bias_` changes only under `inner_`, with no owner inside this lock;
 //   - `revoking_` is false only while `bias_` names an owner whose entry is allowed;
-//   - `marked_` is not zero only while `bias_` is set and `revoking_` is true; it is the ticket
-//     of the sweep that marked the lock last, and only the thread whose barrier ran after that
-//     mark (its `covered` ticket is that one) may borrow the lock;
+//   - `marks_` is not zero only while `bias_` is set, and then `revoking_` has been true since the
+//     mark that made it one, whose place in the barriers' sequence is `marked_at_`: a barrier
+//     that began later and has completed lets a sweep that holds a mark of this generation borrow;
 //   - `held_` is written only by the thread inside.
 //
 // Where membarrier is not available (not Linux, or refused), no lock is ever biased: it is the
@@ -100,24 +103,37 @@ class BiasedLock {
     inner_.unlock();
   }
 
-  // Marks locks that one thread is about to take in turn, then covers them all with one barrier
-  // (see above); the marks it leaves unused are undone when it goes. Marking and undoing take each
-  // lock's inner lock for a moment: this thread may hold none of the locks then.
+  // Marks locks that one thread is about to take in turn, covers them all with one barrier, and
+  // takes each (see above); the marks it leaves unused are taken back when it goes. Marking and
+  // taking back take each lock's inner lock for a moment: this thread may hold none of the locks
+  // then.
   class Sweep {
    public:
-    Sweep() noexcept;
+    Sweep() noexcept = default;
     ~Sweep();
     Sweep(const Sweep&) = delete;
     Sweep& operator=(const Sweep&) = delete;
-    // A lock biased to another thread is marked; any other is left as it is (and so is one
-    // that finds no room in the list: taking it revokes).
+    // A lock biased to another thread gets a pending mark; any other is noted as it is, and so
+    // is one marked after cover() (taking it revokes, as any other thread's lock() does).
     void mark(BiasedLock& lock) noexcept;
-    // One barrier, when a lock was marked: from here on this thread borrows the marked locks.
+    // One barrier, unless none is needed.
     void cover() noexcept;
+    // Takes `lock`, borrowing it when this sweep's mark on it still holds; released by its
+    // unlock(). Locks are best taken in the order they were marked (each is found from where
+    // the last one was).
+    void lock(BiasedLock& lock) noexcept;
 
    private:
-    std::uint64_t ticket_;
-    std::vector<BiasedLock*> marked_;
+    struct Entry {
+      BiasedLock* lock;
+      std::uint32_t generation;  // of the bias marked, when `marked`
+      bool marked;
+    };
+    std::vector<Entry> entries_;
+    std::size_t next_ = 0;        // where lock() looks first
+    std::uint64_t last_mark_ = 0;  // the latest marked_at_ of a lock this sweep marked
+    bool any_marked_ = false;
+    bool covered_ = false;
   };
 
   // For tests: the first threshold of every lock (as constructed), and whether locks can be
@@ -129,21 +145,27 @@ class BiasedLock {
   // For tests, by the thread inside: whether it entered through the bias.
   bool held_through_bias() const noexcept { return held_ == Held::through_bias; }
   // For tests: how many barriers (membarrier calls) the process has run to take locks from their
-  // owners.
+  // owners, and how many locks sweeps have borrowed.
   static std::uint64_t barriers() noexcept;
+  static std::uint64_t borrows() noexcept;
 
  private:
   enum class Held : std::uint8_t { inner, through_bias, lent };
 
   static Owner* this_thread_owner() noexcept;
   void lock_slow() noexcept;
-  void give_back() noexcept;  // the end of a borrow: the bias is the owner's again
+  void give_back() noexcept;  // the end of a borrow: the mark taken back
+  void take_back_mark() noexcept;  // [inner_]
 
   std::atomic<Owner*> bias_{nullptr};
   std::atomic<bool> revoking_{true};
   Held held_ = Held::inner;  // [inside]
   SpinLock inner_;
-  std::uint64_t marked_ = 0;  // the ticket of the sweep that marked the lock, or 0 [inner_]
+  // Sweeps' pending marks on this bias, where the barriers' sequence stood when the first was
+  // made, and the bias's generation (one more at each bias). [inner_]
+  std::uint32_t marks_ = 0;
+  std::uint32_t generation_ = 0;
+  std::uint64_t marked_at_ = 0;
   // The thread that last took inner_, how many times in a row, and after how many the lock is
   // biased to it. [inner_]
   const Owner* last_ = nullptr;

@@ -52,7 +52,7 @@ bool PoolCore::consistent() noexcept {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);
     for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-      s->lock.lock();
+      sweep.lock(s->lock);
       const bool ok = consistent_state(*s);
       s->lock.unlock();
       if (!ok) return false;

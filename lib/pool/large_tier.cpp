@@ -584,9 +584,6 @@ void LargeTier::ask_owners(StreamState& s) noexcept {
   } catch (const std::bad_alloc&) {
     return;
   }
-  BiasedLock::Sweep sweep;
-  for (const auto& o : owners) sweep.mark(o.first->lock);
-  sweep.cover();
   for (auto [owner, unfenced] : owners) {
     owner->lock.lock();
     pool_.refresh(*owner);

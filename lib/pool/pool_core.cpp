@@ -143,7 +143,7 @@ void PoolCore::orphan() noexcept {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);
     for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-      s->lock.lock();
+      sweep.lock(s->lock);
       s->orphaned = true;
       orphan_remaining_.fetch_add(s->counters.live);
       s->lock.unlock();

@@ -55,15 +55,10 @@ void PoolCore::drain_asking(Asked asked) noexcept {
   } catch (const std::bad_alloc&) {
   }
   if (!any) return;
-  {
-    BiasedLock::Sweep sweep;
-    for (StreamState* s : waited) sweep.mark(s->lock);
-    sweep.cover();
-    for (StreamState* s : waited) {
-      s->lock.lock();
-      refresh(*s);
-      s->lock.unlock();
-    }
+  for (StreamState* s : waited) {
+    s->lock.lock();
+    refresh(*s);
+    s->lock.unlock();
   }
   std::vector<Block*> clean;
   {
@@ -180,7 +175,7 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);
     for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-      s->lock.lock();
+      sweep.lock(s->lock);
       const std::uint64_t index = s->timeline.recorded.load(std::memory_order_relaxed);
       try {
         s->fences.push_back({index, nullptr, sync});
@@ -213,7 +208,7 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);
     for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-      s->lock.lock();
+      sweep.lock(s->lock);
       refresh(*s);
       std::size_t moved = 0;
       try {

@@ -55,7 +55,7 @@ void PoolCore::publish_falls() noexcept {
   BiasedLock::Sweep sweep;
   registry_.mark_every(sweep);
   for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
+    sweep.lock(s->lock);
     publish(s->counters);
     s->lock.unlock();
   }
@@ -96,7 +96,7 @@ PoolStats PoolCore::stats() const {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);
     for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
-      state->lock.lock();
+      sweep.lock(state->lock);
       const StreamCounters& c = state->counters;
       s.requested_bytes.current += c.requested;
       s.requested_bytes.total += c.requested_total;
@@ -145,7 +145,7 @@ PoolBreakdown PoolCore::breakdown() {
           state->shelved.load(std::memory_order_relaxed) == 0) {
         continue;
       }
-      state->lock.lock();
+      sweep.lock(state->lock);
       for (unsigned c = 0; c < classes_.count(); ++c) {
         const BlockList& list = state->free[c];
         if (!list.empty()) b.small_cached_bytes += static_cast<std::int64_t>(list.count * list.head->size);

@@ -211,7 +211,7 @@ void StreamRegistry::note_several() noexcept {
   BiasedLock::Sweep sweep;
   mark_every(sweep);
   for (StreamState* s = first(); s != nullptr; s = s->next_state) {
-    s->lock.lock();
+    sweep.lock(s->lock);
     s->unfenced_limit = limit;
     s->lock.unlock();
   }
@@ -226,7 +226,7 @@ void StreamRegistry::retire_idle() noexcept {
   sweep.cover();
   for (auto it = by_id_.begin(); it != by_id_.end();) {
     StreamState& s = *it->second;
-    s.lock.lock();
+    sweep.lock(s.lock);
     const std::int64_t activity = s.counters.activity();
     const bool idle = activity == s.seen_activity && s.counters.live == 0 && s.pins == 0 &&
                       s.recorded_by == 0 && (s.attention.load(std::memory_order_relaxed) & gated) == 0;

@@ -59,9 +59,10 @@ class StreamRegistry {
   // lives, and `next_state` links are written before a state is published.
   StreamState* first() const noexcept { return first_.load(std::memory_order_acquire); }
 
-  // Before a walk that locks every state in turn, with no state's lock held: marks every lock
-  // biased to another thread and runs one barrier for them all, so that the walk borrows each
-  // from its owner instead of revoking it (biased_lock.hpp, BiasedLock::Sweep).
+  // Before a walk that locks every state in turn (through sweep.lock()), with no state's lock
+  // held: marks every lock biased to another thread and runs one barrier for them all, so that
+  // the walk borrows each from its owner instead of revoking it (biased_lock.hpp,
+  // BiasedLock::Sweep).
   void mark_every(BiasedLock::Sweep& sweep) const noexcept {
     for (StreamState* s = first(); s != nullptr; s = s->next_state) sweep.mark(s->lock);
     sweep.cover();
