@@ -301,7 +301,7 @@ TEST_CASE("a sweep takes many locks biased to another thread with one barrier, a
       locks[i].unlock();
     }
   }
-  CHECK(BiasedLock::barriers() - before == 1);  // taking each in turn: one each
+  CHECK(BiasedLock::barriers() - before == 1);  // revoking each in turn would run 16
   int still_biased = 0;
   for (const BiasedLock& lock : locks) still_biased += lock.biased() ? 1 : 0;
   CHECK(still_biased == n);
@@ -560,11 +560,78 @@ TEST_CASE("stats() on a pool whose streams are each used by a thread of its own 
   for (int t = 0; t < n; ++t) pairs(t);
   for (int round = 0; round < 2; ++round) {
     const std::uint64_t before = BiasedLock::barriers();
+    const std::uint64_t borrowed = BiasedLock::borrows();
     const streampool::PoolStats stats = f.pool->stats();
     // Revoked, the locks would cost a barrier each now, and each again after the pairs below
     // (300 pairs bias them once more).
     CHECK(BiasedLock::barriers() - before == 1);
+    CHECK(BiasedLock::borrows() - borrowed == n);
     CHECK(stats.live_allocations.total == 300 * n * (round + 2));
     for (int t = 0; t < n; ++t) pairs(t);
   }
+}
+
+TEST_CASE("a sweep's mark goes with the bias when another thread revokes it: the sweep then takes "
+          "the lock as any other thread does, even once the lock is biased again") {
+  if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  BiasedLock mine;
+  take(mine, 1);
+  BiasedLock lock;
+  OwnerThread owner;
+  owner.run([&] { take(lock, BiasedLock::first_threshold); });
+  REQUIRE(lock.biased());
+  const std::uint64_t borrowed = BiasedLock::borrows();
+  {
+    BiasedLock::Sweep sweep;
+    sweep.mark(lock);
+    sweep.cover();
+    std::thread([&] { take(lock, 1); }).join();  // a revoke
+    REQUIRE_FALSE(lock.biased());
+    owner.run([&] { take(lock, 4 * BiasedLock::first_threshold); });  // biased again
+    REQUIRE(lock.biased());
+    const std::uint64_t before = BiasedLock::barriers();
+    sweep.lock(lock);  // the mark was on the old bias: a revoke, not a borrow
+    lock.unlock();
+    CHECK(BiasedLock::barriers() - before == 1);
+    CHECK_FALSE(lock.biased());
+  }
+  CHECK(BiasedLock::borrows() == borrowed);
+  // Nothing of the old mark is left to take back: the lock is biased and given back as usual
+  // (debug builds assert that no mark is pending at each bias).
+  owner.run([&] { take(lock, 8 * BiasedLock::first_threshold); });
+  REQUIRE(lock.biased());
+  bool through_bias = false;
+  owner.run([&] { through_bias = enters_through_bias(lock); });
+  CHECK(through_bias);
+}
+
+TEST_CASE("a sweep whose marks a barrier begun after them has covered runs none of its own") {
+  if (!BiasedLock::biasing_available()) return;  // the first test checks that case
+  BiasedLock mine;
+  take(mine, 1);
+  BiasedLock lock;
+  BiasedLock unrelated;
+  OwnerThread owner;
+  owner.run([&] {
+    take(lock, BiasedLock::first_threshold);
+    take(unrelated, BiasedLock::first_threshold);
+  });
+  REQUIRE(lock.biased());
+  REQUIRE(unrelated.biased());
+  const std::uint64_t borrowed = BiasedLock::borrows();
+  BiasedLock::Sweep sweep;
+  sweep.mark(lock);
+  bool through_bias = true;
+  owner.run([&] { through_bias = enters_through_bias(lock); });
+  CHECK_FALSE(through_bias);  // marked: the owner enters through the inner lock
+  std::thread([&] { take(unrelated, 1); }).join();  // another thread's revoke: one barrier
+  const std::uint64_t before = BiasedLock::barriers();
+  sweep.cover();
+  CHECK(BiasedLock::barriers() == before);
+  sweep.lock(lock);
+  lock.unlock();
+  CHECK(BiasedLock::borrows() - borrowed == 1);
+  CHECK(lock.biased());
+  owner.run([&] { through_bias = enters_through_bias(lock); });
+  CHECK(through_bias);
 }

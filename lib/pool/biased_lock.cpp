@@ -177,7 +177,8 @@ void BiasedLock::lock_slow() noexcept {
   }
   if (bias != nullptr) {
     // Revoke: after the barrier the owner either is seen inside or sees revoking_ and backs out.
-    // Sweeps' pending marks go with the bias (each finds the generation changed).
+    // Sweeps' pending marks go with the bias (each finds it cleared, or biased again with another
+    // generation).
     marks_ = 0;
     revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
     heavy_barrier();                                   // one on the owner's CPU

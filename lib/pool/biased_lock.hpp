@@ -28,7 +28,7 @@
 // pending mark to go clears `revoking_`, which gives the lock back whole. While a lock is marked
 // its owner enters through the inner lock; the marks a sweep leaves unused are taken back when it
 // goes; a plain lock() by any other thread revokes as before, and voids the pending marks (the
-// bias's generation changes).
+// bias is cleared, and the next one has another generation).
 //
 // Invariants (checked in debug builds where they can be):
 //   - at most one thread is inside: the bias owner through `inside`, or the holder of `inner_`;

@@ -133,13 +133,7 @@ PoolBreakdown PoolCore::breakdown() {
   b.slab_bytes = static_cast<std::int64_t>(small_.slab_bytes());
   {
     BiasedLock::Sweep sweep;
-    for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
-      if (state->free_blocks.load(std::memory_order_relaxed) != 0 ||
-          state->shelved.load(std::memory_order_relaxed) != 0) {
-        sweep.mark(state->lock);
-      }
-    }
-    sweep.cover();
+    registry_.mark_every(sweep);  // every one: a state may fill before the walk reaches it
     for (StreamState* state = registry_.first(); state != nullptr; state = state->next_state) {
       if (state->free_blocks.load(std::memory_order_relaxed) == 0 &&
           state->shelved.load(std::memory_order_relaxed) == 0) {
