@@ -8,11 +8,14 @@
 #                                     stress-sanitize (CHURN_SECONDS: the churn stage's length;
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
 #                                     streampool, tools/torch_check.py; TORCH_STEPS: training
-#                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50)
+#                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50),
+#                                     ab (this tree's bench against an older tree's, AB_OLD)
 #                                     Exits 1 when a stage failed (each stage's rc is in the log).
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
-# carry .devdeps.
+# carry .devdeps. For `ab`, the older tree too, in an ignored folder carried with the call:
+#   rm -rf build-old-src && mkdir build-old-src && git archive COMMIT | tar -x -C build-old-src
+#   (then carry build-old-src; AB_OLD names another folder)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -60,7 +63,7 @@ if ((!only_torch)); then
   # The stress stages need the bench alone.
   targets=()
   only_stress=1
-  for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize " == *" $s "* ]] || only_stress=0; done
+  for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize ab " == *" $s "* ]] || only_stress=0; done
   ((only_stress)) && targets=(--target streampool-bench)
   stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
 fi
@@ -142,6 +145,38 @@ if want stress-sanitize; then
     stage "stress-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$stress_bench" stress --seconds 5 --threads 4 --churn 64 --interval 5
   done
+fi
+# This tree's bench against an older tree's, each built alike, in the order old new new old: the
+# pairs and threads of `compare --quick` (the peers in every run), then the paced stress with the
+# default settings, 12 s a run. One file back: ab.tgz.
+ab() {
+  local old_src=${AB_OLD:-$root/build-old-src} old_build=$root/build-gpu-old i=0 which bench
+  [ -f "$old_src/CMakeLists.txt" ] || { echo "ab: no source tree in $old_src"; return 1; }
+  cmake -S "$old_src" -B "$old_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF \
+    -DSTREAMPOOL_BUILD_TESTS=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF &&
+    cmake --build "$old_build" -j "$(nproc)" --target streampool-bench || return 1
+  rm -rf "$root/ab-out" && mkdir -p "$root/ab-out"
+  for which in old new new old; do
+    i=$((i + 1))
+    bench=$build/bench/streampool-bench
+    [[ $which == old ]] && bench=$old_build/bench/streampool-bench
+    echo "ab: run $i, $which: compare --quick"
+    "$bench" compare --quick --out "$root/ab-out/compare-$i-$which" || return 1
+  done
+  i=0
+  for which in old new new old; do
+    i=$((i + 1))
+    bench=$build/bench/streampool-bench
+    [[ $which == old ]] && bench=$old_build/bench/streampool-bench
+    echo "ab: run $i, $which: stress (paced)"
+    "$bench" stress --seconds 12 --max-in-flight "${MAX_IN_FLIGHT:-32}" --interval 12 --config "" \
+      --out "$root/ab-out/stress-$i-$which" || return 1
+  done
+  tar -C "$root" -czf "$out/ab.tgz" ab-out
+}
+if want ab; then
+  stage ab ab
 fi
 # PyTorch on streampool (docs/pytorch.md): the allocator library, its hooks (needs PyTorch's
 # C++ headers; the check runs without them if they fail to build), then tools/torch_check.py.
