@@ -4,13 +4,16 @@
 // random. Each buffer is written by pending work over its whole range, so the fake device's race
 // detector checks every hand-over the pool makes. At the end: no two live buffers ever
 // overlapped, no race was seen, and once everything is dropped and the pool destroyed the device
-// holds none of its memory.
+// holds none of its memory. Meanwhile another thread reads stats() and breakdown() again and
+// again: each locks every stream's state in turn, borrowing the locks biased to the workers
+// (lib/pool/biased_lock.hpp), and what it reads must stay within what the workers allocated.
 #include "live_ranges.hpp"
 #include "pool_helpers.hpp"
 
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <latch>
 #include <map>
@@ -153,7 +156,36 @@ void stress(streampool::PoolOptions options) {
     workers.emplace_back(run_thread, std::ref(shared), own[t],
                          static_cast<std::uint32_t>(1000 + t));
   }
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  std::string impossible;  // the statistician's first impossible reading
+  std::thread statistician([&] {
+    // The walk reads one stream after another while the workers go on, so a buffer dropped on a
+    // stream already read and one allocated on a stream not yet read are both counted: the sum
+    // is bounded by what was ever allocated (a worker counts its allocation just after it), not
+    // by what is live at one moment.
+    while (!done.load()) {
+      const streampool::PoolStats st = shared.pool.stats();
+      const streampool::PoolBreakdown b = shared.pool.breakdown();
+      const auto allocated = static_cast<std::int64_t>(shared.allocations.load()) + threads;
+      if (impossible.empty() &&
+          (st.live_allocations.current < 0 || st.live_allocations.current > allocated ||
+           st.live_allocations.total > allocated ||
+           st.requested_bytes.current < 0 || b.small_cached_bytes < 0 || b.shelved_bytes < 0)) {
+        impossible = fmt::format("live {}, requested {}, cached {}, shelved {}",
+                                 st.live_allocations.current, st.requested_bytes.current,
+                                 b.small_cached_bytes, b.shelved_bytes);
+      }
+      reads.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
   for (std::thread& worker : workers) worker.join();
+  done.store(true);
+  statistician.join();
+  INFO(impossible);
+  REQUIRE(impossible.empty());
+  REQUIRE(reads.load() > 0);
 
   INFO(shared.first_failure);
   REQUIRE(shared.failed_allocations == 0);
