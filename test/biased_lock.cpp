@@ -71,6 +71,22 @@ class OwnerThread {
   std::thread thread_;
 };
 
+// A lock and what it guards: a plain counter (ThreadSanitizer sees an entry not ordered after
+// the one before) and how many threads are inside.
+struct Guarded {
+  BiasedLock lock;
+  std::int64_t count = 0;
+  std::atomic<int> inside{0};
+};
+
+// One entry by a thread that holds g.lock, counted; another thread inside at the same time is an
+// overlap.
+void count_entry(Guarded& g, std::atomic<int>& overlaps) {
+  if (g.inside.fetch_add(1, std::memory_order_relaxed) != 0) overlaps.fetch_add(1);
+  ++g.count;
+  g.inside.fetch_sub(1, std::memory_order_relaxed);
+}
+
 // Whether the calling thread enters `lock` through its bias.
 bool enters_through_bias(BiasedLock& lock) {
   lock.lock();
@@ -147,11 +163,6 @@ TEST_CASE("threads that take turns in bursts on shared biased locks never overla
   constexpr int threads = 4;
   constexpr int locks = 16;
   constexpr int rounds = 40;
-  struct Guarded {
-    BiasedLock lock;
-    std::int64_t count = 0;
-    std::atomic<int> inside{0};
-  };
   auto guarded = std::make_unique<Guarded[]>(locks);
   std::atomic<int> overlaps{0};
   std::vector<std::thread> workers;
@@ -171,9 +182,7 @@ TEST_CASE("threads that take turns in bursts on shared biased locks never overla
               Guarded& h = guarded[(k + t * 5 + round + 1) % locks];
               if (&h > &g) {
                 h.lock.lock();
-                if (h.inside.fetch_add(1, std::memory_order_relaxed) != 0) overlaps.fetch_add(1);
-                ++h.count;
-                h.inside.fetch_sub(1, std::memory_order_relaxed);
+                count_entry(h, overlaps);
                 h.lock.unlock();
               }
             }
@@ -210,11 +219,6 @@ TEST_CASE("an owner entering again and again while another thread revokes its bi
   // the bias while the owner is entering. A revoke that does not wait for the owner, an owner
   // that does not see revoking_, or no barrier between them lets the two in at once.
   if (!BiasedLock::biasing_available()) return;  // the first test checks that case
-  struct Guarded {
-    BiasedLock lock;
-    std::int64_t count = 0;
-    std::atomic<int> inside{0};
-  };
   int overlaps = 0;
   std::int64_t lost = 0;
   for (int round = 0; round < 1000; ++round) {
@@ -222,9 +226,7 @@ TEST_CASE("an owner entering again and again while another thread revokes its bi
     std::atomic<int> overlapped{0};
     const auto enter = [&] {
       g->lock.lock();
-      if (g->inside.fetch_add(1, std::memory_order_relaxed) != 0) overlapped.fetch_add(1);
-      ++g->count;
-      g->inside.fetch_sub(1, std::memory_order_relaxed);
+      count_entry(*g, overlapped);
       g->lock.unlock();
     };
     std::atomic<bool> biased{false};
@@ -470,18 +472,11 @@ TEST_CASE("owners entering their biased locks again and again while one thread s
   // earns the bias again). The counters are plain ints: ThreadSanitizer sees any entry not ordered
   // after the one before.
   constexpr int owners = 3;
-  struct Guarded {
-    BiasedLock lock;
-    std::int64_t count = 0;
-    std::atomic<int> inside{0};
-  };
   auto guarded = std::make_unique<Guarded[]>(owners);
   std::atomic<int> overlaps{0};
   const auto enter = [&](Guarded& g) {
     g.lock.lock();
-    if (g.inside.fetch_add(1, std::memory_order_relaxed) != 0) overlaps.fetch_add(1);
-    ++g.count;
-    g.inside.fetch_sub(1, std::memory_order_relaxed);
+    count_entry(g, overlaps);
     g.lock.unlock();
   };
   std::atomic<bool> stop{false};
@@ -505,9 +500,7 @@ TEST_CASE("owners entering their biased locks again and again while one thread s
         if ((round + k) % 5 == 4) continue;  // left marked: undone when the sweep goes
         Guarded& g = guarded[k];
         sweep.lock(g.lock);
-        if (g.inside.fetch_add(1, std::memory_order_relaxed) != 0) overlaps.fetch_add(1);
-        ++g.count;
-        g.inside.fetch_sub(1, std::memory_order_relaxed);
+        count_entry(g, overlaps);
         g.lock.unlock();
         ++entries[owners];
       }

@@ -137,19 +137,11 @@ bool BiasedLock::biasing_available() noexcept {
 }
 
 std::uint64_t BiasedLock::barriers() noexcept {
-#if defined(__linux__)
   return barriers_begun.load(std::memory_order_relaxed);
-#else
-  return 0;
-#endif
 }
 
 std::uint64_t BiasedLock::borrows() noexcept {
-#if defined(__linux__)
   return borrow_count.load(std::memory_order_relaxed);
-#else
-  return 0;
-#endif
 }
 
 BiasedLock::Owner* BiasedLock::this_thread_owner() noexcept {
