@@ -148,7 +148,8 @@ if want stress-sanitize; then
 fi
 # This tree's bench against an older tree's, each built alike, in the order old new new old: the
 # pairs and threads of `compare --quick` (the peers in every run), then the paced stress with the
-# default settings, 12 s a run. One file back: ab.tgz.
+# default settings, 12 s a run. Written straight under $OUT/ab, so that a call cut short by the
+# device tool's time limit still brings back the runs that finished.
 ab() {
   local old_src=${AB_OLD:-$root/build-old-src} old_build=$root/build-gpu-old i=0 which bench
   [ -f "$old_src/CMakeLists.txt" ] || { echo "ab: no source tree in $old_src"; return 1; }
@@ -156,13 +157,14 @@ ab() {
     -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF \
     -DSTREAMPOOL_BUILD_TESTS=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF &&
     cmake --build "$old_build" -j "$(nproc)" --target streampool-bench || return 1
-  rm -rf "$root/ab-out" && mkdir -p "$root/ab-out"
+  local results=$out/ab
+  rm -rf "$results" && mkdir -p "$results"
   for which in old new new old; do
     i=$((i + 1))
     bench=$build/bench/streampool-bench
     [[ $which == old ]] && bench=$old_build/bench/streampool-bench
     echo "ab: run $i, $which: compare --quick"
-    "$bench" compare --quick --out "$root/ab-out/compare-$i-$which" || return 1
+    "$bench" compare --quick --out "$results/compare-$i-$which" || return 1
   done
   i=0
   for which in old new new old; do
@@ -171,9 +173,8 @@ ab() {
     [[ $which == old ]] && bench=$old_build/bench/streampool-bench
     echo "ab: run $i, $which: stress (paced)"
     "$bench" stress --seconds 12 --max-in-flight "${MAX_IN_FLIGHT:-32}" --interval 12 --config "" \
-      --out "$root/ab-out/stress-$i-$which" || return 1
+      --out "$results/stress-$i-$which" || return 1
   done
-  tar -C "$root" -czf "$out/ab.tgz" ab-out
 }
 if want ab; then
   stage ab ab
