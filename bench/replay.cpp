@@ -263,6 +263,7 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
     report.cache_misses = stats.cache_misses;
     report.blocking_fallbacks = stats.blocking_fallbacks;
     report.oom_retries = stats.oom_retries;
+    report.growth_waits = stats.growth_waits;
     report.failed_allocations = failed.load();
     live.clear();
     for (std::size_t i = 0; i < raw_live.size(); ++i) {

@@ -63,6 +63,7 @@ struct ReplayReport {
   std::uint64_t cache_misses = 0;
   std::uint64_t blocking_fallbacks = 0;
   std::uint64_t oom_retries = 0;
+  std::uint64_t growth_waits = 0;  // PoolStats::growth_waits
   std::uint64_t failed_allocations = 0;
   double seconds = 0;
   bool timed = false;  // seconds measured on a real device

@@ -40,6 +40,7 @@ nlohmann::json replay_json(const ReplayReport& r) {
           {"cross_stream_reuses", r.cross_stream_reuses},
           {"blocking_fallbacks", r.blocking_fallbacks},
           {"oom_retries", r.oom_retries},
+          {"growth_waits", r.growth_waits},
           {"failed_allocations", r.failed_allocations},
           {"seconds", r.seconds},
           {"timed", r.timed},

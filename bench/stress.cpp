@@ -648,6 +648,7 @@ Table stress_table(const StressResult& r) {
   row("cross-stream reuses", fmt::format("{}", r.stats.cross_stream_reuses));
   row("blocking fallbacks", fmt::format("{}", r.stats.blocking_fallbacks));
   row("out-of-memory retries", fmt::format("{}", r.stats.oom_retries));
+  row("growth waits", fmt::format("{}", r.stats.growth_waits));
   row(r.target == "fake device" ? "corrupted words (3 checked per buffer)" : "corrupted words",
       fmt::format("{}", r.corrupted_words));
   row("live allocations peak: stats / true",

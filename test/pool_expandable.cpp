@@ -145,12 +145,68 @@ TEST_CASE("a growth first unmaps whole free mappings elsewhere, as much as it ma
     CHECK(fake.calls(Call::vm_unmap) == 1);   // left's mapping only
     CHECK(reserved(*pool) == static_cast<std::int64_t>(70 * MiB));
   }
-  SECTION("a free mapping whose work may be pending stays") {
+  SECTION("another stream's free mapping whose work may be pending stays") {
     left.reset();  // its fence not complete: left's write may still run
-    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, b);
     CHECK(fake.calls(Call::vm_unmap) == 0);
+    CHECK(fake.calls(Call::event_synchronize) == 0);
+    CHECK(pool->stats().growth_waits == 0);
     CHECK(reserved(*pool) == static_cast<std::int64_t>(110 * MiB));
   }
+  SECTION("the requesting stream's own free mapping whose work may be pending goes once the "
+          "growth has waited for that stream") {
+    left.reset();  // its fence not complete: left's write may still run, on a
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(fake.calls(Call::event_synchronize) == 1);
+    CHECK(pool->stats().growth_waits == 1);
+    CHECK(fake.calls(Call::vm_unmap) == 1);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(90 * MiB));  // not 110
+  }
+  SECTION("a free mapping of one granule is not waited for") {
+    auto granule = Bytes::alloc_async(*pool, 2 * MiB, a);  // a mapping of its own, at the top
+    auto above = Bytes::alloc_async(*pool, 20 * MiB, a);   // so that the next growth is not beside it
+    granule.reset();
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(fake.calls(Call::event_synchronize) == 0);
+    CHECK(pool->stats().growth_waits == 0);
+    CHECK(fake.calls(Call::vm_unmap) == 0);
+  }
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("a growth waiting for its own stream holds neither the arena nor the stream's lock") {
+  HookedPool pool(vm_options());
+  streampool::FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto other = Bytes::alloc_async(*pool, 20 * MiB, b);
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  {
+    auto spare = Bytes::alloc_async(*pool, 4 * MiB, b);  // a clean range for b, later
+    auto small = Bytes::alloc_async(*pool, 1 * KiB, a);  // a slab, and a block on a's list
+  }
+  fake.complete(b);
+  write_on(fake, a, left);
+  left.reset();  // pending on a: the growth below waits for a
+  // While it waits, another thread allocates a large buffer on b (the arena's mutex) and a small
+  // one on a (a's lock); neither needs a growth, which would wait for this one.
+  std::shared_future<void> done;
+  bool during = false;
+  pool.device->before_next(Call::event_synchronize, [&] {
+    done = on_own_thread([&] {
+      auto on_b = Bytes::alloc_async(*pool, 4 * MiB, b);
+      auto on_a = Bytes::alloc_async(*pool, 1 * KiB, a);
+    });
+    during = done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+  pool.device->run_unfired();
+  done.wait();
+  CHECK(during);
+  CHECK(pool->stats().growth_waits == 1);
+  CHECK(fake.calls(Call::vm_unmap) == 1);  // left's mapping, mapped again for big
   fake.complete_all();
   CHECK(fake.hazards().empty());
 }

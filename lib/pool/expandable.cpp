@@ -5,7 +5,9 @@
 // a free range the request may use (the clean range, or the requesting stream's own, just before
 // a hole), so the arena grows in place instead of adding a segment beside a fragmented one; and
 // release_free_segments unmaps whole mappings that lie in free, covered ranges, wherever they
-// are, leaving holes that a later growth maps again. docs/design.md says why and what it measured.
+// are, leaving holes that a later growth maps again; before it maps, a growth gives back such
+// mappings itself, first waiting for its own stream where only that stream's pending work keeps
+// one mapped (strands_own). docs/design.md says why and what it measured.
 //
 // A growth maps one physical allocation (several past 1 GiB, or past PoolOptions::mapping_bytes
 // where that is set): one vm_create, vm_map and vm_set_access each. Holes change only under
@@ -241,11 +243,13 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
                               Failure& error) noexcept {
   bool lost = false;  // another thread took the range the last plan extended
   bool homeless = false;  // a reservation of s's own could not be made: s grows anywhere
+  bool waited = false;  // for s, once: its own free mappings are covered now (strands_own)
   for (int attempt = 0; attempt < growth_attempts; ++attempt) {
     Plan plan;
     Block* rest = nullptr;
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     bool new_home = false;
+    bool wait = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // Stream homes: s grows in its own reservation, which it claims (one with no home, or a
@@ -272,9 +276,10 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           alone = false;
           plan = planned();
         }
-        if (give_back_for(plan, s)) plan = planned();
+        wait = !waited && s != nullptr && strands_own(plan, *s);
+        if (!wait && give_back_for(plan, s)) plan = planned();
       }
-      if (plan.hole != nullptr) {
+      if (!wait && plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
           chunks = (plan.bytes + mapping_limit() - 1) / mapping_limit();
@@ -291,6 +296,14 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           return nullptr;
         }
       }
+    }
+    if (wait) {
+      // Outside the arena mutex: other streams allocate meanwhile (growths wait: growth_mutex_).
+      // The plan is made again once s's mappings are covered; the wait is not an attempt.
+      waited = true;
+      wait_for_own(*s);
+      --attempt;
+      continue;
     }
     if (new_home) {
       if (!reserve(rounded, s, error)) {
@@ -360,6 +373,48 @@ bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
   }
   if (moved) ++moves_;
   return released > 0;
+}
+
+bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexcept {
+  if (plan.hole == nullptr || !calls_allowed(Restricted::free) ||
+      !calls_allowed(Restricted::event_wait)) {
+    return false;
+  }
+  const Block* extended = plan.hole->before;
+  const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
+  const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
+  for (const auto& segment : segments_) {
+    if (!segment->expandable) continue;
+    const Block* r = segment->first;
+    for (const Mapping& m : segment->mappings) {
+      const std::byte* const begin = segment->base + m.offset;
+      const std::byte* const end = begin + m.size;
+      while (r->ptr + r->size <= begin) r = r->after;
+      if (m.size > granule_ && r->free && !r->is_slab && r->ptr + r->size >= end &&
+          r->need.timeline == &s.timeline && !covered(r->need) &&
+          !(begin < keep_end && keep_begin < end)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void LargeTier::wait_for_own(StreamState& s) noexcept {
+  // A fence now covers everything dropped on s so far; s's lock is not held while it is waited
+  // for, so that s's other threads go on (as release_stream waits).
+  cudaEvent_t event = nullptr;
+  s.lock.lock();
+  if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0 &&
+      pool_.record_fence(s) == FenceResult::recorded) {
+    event = s.fences.back().event;
+  }
+  s.lock.unlock();
+  if (event == nullptr || pool_.device().event_synchronize(event) != cudaSuccess) return;
+  s.lock.lock();
+  pool_.refresh(s);
+  ++s.counters.growth_waits;
+  s.lock.unlock();
 }
 
 std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,

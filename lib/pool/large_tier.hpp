@@ -227,6 +227,15 @@ class LargeTier {
   // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
   // again). [growth_mutex_, mutex_]
   bool give_back_for(const Plan& plan, const StreamState* s) noexcept;
+  // Whether a whole mapping of more than one granule lies in a free range of s's own that no
+  // completed fence covers yet, outside the range the plan extends: give-back cannot unmap it
+  // until s's work is done, and without a fence of s (one stream records none) never would.
+  // Single-granule mappings are the growths of small requests: moving them only churns.
+  // [growth_mutex_, mutex_]
+  bool strands_own(const Plan& plan, const StreamState& s) const noexcept;
+  // Records a fence on s and waits for it, with no lock held but growth_mutex_: s's free ranges
+  // are covered after it, and give-back may unmap their mappings. [growth_mutex_]
+  void wait_for_own(StreamState& s) noexcept;
 
   PoolCore& pool_;
   const PoolOptions& options_;

@@ -107,6 +107,7 @@ PoolStats PoolCore::stats() const {
       s.fences_recorded += c.fences;
       s.cross_stream_reuses += c.cross_stream;
       s.blocking_fallbacks += c.blocking;
+      s.growth_waits += c.growth_waits;
       state->lock.unlock();
     }
   }
@@ -170,10 +171,10 @@ std::string to_string(const PoolStats& s) {
   return fmt::format(
       "requested bytes {}; reserved bytes {}; live allocations {}; cache hits {}, misses {}; "
       "device allocations {}, frees {}; fences {}; cross-stream reuses {}; blocking fallbacks "
-      "{}; out-of-memory retries {}",
+      "{}; out-of-memory retries {}; growth waits {}",
       counter(s.requested_bytes), counter(s.reserved_bytes), counter(s.live_allocations),
       s.cache_hits, s.cache_misses, s.device_allocations, s.device_frees, s.fences_recorded,
-      s.cross_stream_reuses, s.blocking_fallbacks, s.oom_retries);
+      s.cross_stream_reuses, s.blocking_fallbacks, s.oom_retries, s.growth_waits);
 }
 
 std::string to_string(const PoolBreakdown& b) {

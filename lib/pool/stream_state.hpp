@@ -45,6 +45,7 @@ struct StreamCounters {
   std::uint64_t fences = 0;
   std::uint64_t cross_stream = 0;
   std::uint64_t blocking = 0;
+  std::uint64_t growth_waits = 0;
 };
 
 // Bits of StreamState::attention: any set bit sends allocations and drops on the stream off the
