@@ -175,6 +175,69 @@ TEST_CASE("a growth first unmaps whole free mappings elsewhere, as much as it ma
   CHECK(fake.hazards().empty());
 }
 
+TEST_CASE("one stream: a growth waits for the stream, so that a mapping it freed is mapped again "
+          "where the request needs it") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  write_on(fake, a, left);
+  left.reset();  // one stream records no fence: left's range is never covered by itself
+  REQUIRE(pool->stats().fences_recorded == 0);
+
+  SECTION("the growth waits, unmaps left's mapping and maps the request alone") {
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(pool->stats().growth_waits == 1);
+    CHECK(pool->stats().fences_recorded == 1);
+    CHECK(fake.calls(Call::event_synchronize) == 1);
+    CHECK(fake.calls(Call::vm_unmap) == 1);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(50 * MiB));  // not 70
+    CHECK(pool->stats().reserved_bytes.peak == static_cast<std::int64_t>(50 * MiB));
+  }
+  SECTION("where no event can be recorded, the stream is synchronized instead") {
+    fake.fail_next(Call::event_record);
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(pool->stats().blocking_fallbacks == 1);
+    CHECK(pool->stats().growth_waits == 1);
+    CHECK(fake.calls(Call::vm_unmap) == 1);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(50 * MiB));
+  }
+  SECTION("where the wait fails, the mapping stays and the growth maps beside it") {
+    fake.fail_next(Call::event_synchronize);
+    auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+    CHECK(pool->stats().growth_waits == 0);
+    CHECK(fake.calls(Call::vm_unmap) == 0);
+    CHECK(reserved(*pool) == static_cast<std::int64_t>(70 * MiB));
+  }
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("a growth does not wait for its own stream where covered free mappings give back as "
+          "much as it maps") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto b1 = Bytes::alloc_async(*pool, 20 * MiB, b);
+  auto b2 = Bytes::alloc_async(*pool, 20 * MiB, b);
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  write_on(fake, a, left);
+  b1.reset();
+  b2.reset();
+  fake.complete(b);  // b's ranges are covered: 40 MiB that give-back may unmap
+  left.reset();      // a's own, pending
+  auto big = Bytes::alloc_async(*pool, 30 * MiB, a);
+  CHECK(pool->stats().growth_waits == 0);
+  CHECK(fake.calls(Call::event_synchronize) == 0);
+  CHECK(fake.calls(Call::vm_unmap) == 2);  // b's two mappings
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(70 * MiB));
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("a growth waiting for its own stream holds neither the arena nor the stream's lock") {
   HookedPool pool(vm_options());
   streampool::FakeDevice& fake = pool.fake();

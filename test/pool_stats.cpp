@@ -448,6 +448,7 @@ TEST_CASE("the formatted stats name every field with its value") {
   stats.cross_stream_reuses = 701;
   stats.blocking_fallbacks = 801;
   stats.oom_retries = 901;
+  stats.growth_waits = 1001;
 
   const std::string text = fmt::format("{}", stats);
   CAPTURE(text);
@@ -462,6 +463,7 @@ TEST_CASE("the formatted stats name every field with its value") {
   REQUIRE_THAT(text, Catch::Contains("cross-stream reuses 701"));
   REQUIRE_THAT(text, Catch::Contains("blocking fallbacks 801"));
   REQUIRE_THAT(text, Catch::Contains("out-of-memory retries 901"));
+  REQUIRE_THAT(text, Catch::Contains("growth waits 1001"));
   REQUIRE(text == streampool::to_string(stats));
 
   SECTION("a pool's stats format the same way, and fmt's format spec applies") {

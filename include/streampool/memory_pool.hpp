@@ -16,8 +16,9 @@
 //     completed, or by waiting on that fence (options.cross_stream_wait), or after a device
 //     synchronize. Fences are recorded only inside a call that names their stream (an allocation
 //     on it, the drop of one of its buffers, release_stream), when another stream wants that
-//     stream's blocks or its unfenced bytes pass their bounds (PoolOptions::unfenced_bytes,
-//     unfenced_us): one fence covers every block dropped before it.
+//     stream's blocks, its unfenced bytes pass their bounds (PoolOptions::unfenced_bytes,
+//     unfenced_us), or a growth waits for the stream's own freed memory (below): one fence
+//     covers every block dropped before it.
 //
 // What the caller must do: drop every buffer used on a stream (its own, and those record_stream
 // named it for) before destroying that stream: the drop records fences on the buffer's streams,
@@ -58,7 +59,10 @@ class STREAMPOOL_API MemoryPool {
   // max_reserved_bytes) refuses after every reclaim step (or the error of the reclaim's
   // cudaDeviceSynchronize, when that failed), capture_without_pool on a stream captured without
   // begin_capture_with_pool, capture_* codes for captures with a pool; an error a device call
-  // caused names the call and keeps CUDA's value (Error::cuda_error()).
+  // caused names the call and keeps CUDA's value (Error::cuda_error()). With expandable segments,
+  // an allocation that grows the pool may first wait on the CPU for the work queued on `stream`,
+  // where only that work keeps memory the stream freed from being mapped again for it
+  // (PoolStats::growth_waits; docs/design.md, "Waiting for one's own").
   void* allocate(std::size_t bytes, cudaStream_t stream);
   // The same, reporting failure through `error` and returning nullptr.
   void* try_allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;

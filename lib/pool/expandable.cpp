@@ -240,16 +240,14 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
 }
 
 Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
-                              Failure& error) noexcept {
+                              bool* stranded, Failure& error) noexcept {
   bool lost = false;  // another thread took the range the last plan extended
   bool homeless = false;  // a reservation of s's own could not be made: s grows anywhere
-  bool waited = false;  // for s, once: its own free mappings are covered now (strands_own)
   for (int attempt = 0; attempt < growth_attempts; ++attempt) {
     Plan plan;
     Block* rest = nullptr;
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     bool new_home = false;
-    bool wait = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // Stream homes: s grows in its own reservation, which it claims (one with no home, or a
@@ -276,10 +274,13 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           alone = false;
           plan = planned();
         }
-        wait = !waited && s != nullptr && strands_own(plan, *s);
-        if (!wait && give_back_for(plan, s)) plan = planned();
+        if (stranded != nullptr && s != nullptr && strands_own(plan, *s)) {
+          *stranded = true;  // grow() waits for s, with growth_mutex_ released, and comes back
+          return nullptr;
+        }
+        if (give_back_for(plan, s)) plan = planned();
       }
-      if (!wait && plan.hole != nullptr) {
+      if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
         try {
           chunks = (plan.bytes + mapping_limit() - 1) / mapping_limit();
@@ -296,14 +297,6 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           return nullptr;
         }
       }
-    }
-    if (wait) {
-      // Outside the arena mutex: other streams allocate meanwhile (growths wait: growth_mutex_).
-      // The plan is made again once s's mappings are covered; the wait is not an attempt.
-      waited = true;
-      wait_for_own(*s);
-      --attempt;
-      continue;
     }
     if (new_home) {
       if (!reserve(rounded, s, error)) {
@@ -383,6 +376,8 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
   const Block* extended = plan.hole->before;
   const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
   const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
+  std::size_t coverable = 0;  // what give_back_for may unmap now
+  bool stranded = false;
   for (const auto& segment : segments_) {
     if (!segment->expandable) continue;
     const Block* r = segment->first;
@@ -390,29 +385,21 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
       const std::byte* const begin = segment->base + m.offset;
       const std::byte* const end = begin + m.size;
       while (r->ptr + r->size <= begin) r = r->after;
-      if (m.size > granule_ && r->free && !r->is_slab && r->ptr + r->size >= end &&
-          r->need.timeline == &s.timeline && !covered(r->need) &&
-          !(begin < keep_end && keep_begin < end)) {
-        return true;
+      const bool whole = r->free && !r->is_slab && r->ptr + r->size >= end;
+      if (!whole || (begin < keep_end && keep_begin < end)) continue;
+      if (covered(r->need)) {
+        coverable += m.size;
+      } else if (m.size > granule_ && r->need.timeline == &s.timeline) {
+        stranded = true;
       }
     }
   }
-  return false;
+  return stranded && coverable < plan.bytes;
 }
 
 void LargeTier::wait_for_own(StreamState& s) noexcept {
-  // A fence now covers everything dropped on s so far; s's lock is not held while it is waited
-  // for, so that s's other threads go on (as release_stream waits).
-  cudaEvent_t event = nullptr;
+  if (!pool_.wait_for_stream(s)) return;
   s.lock.lock();
-  if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0 &&
-      pool_.record_fence(s) == FenceResult::recorded) {
-    event = s.fences.back().event;
-  }
-  s.lock.unlock();
-  if (event == nullptr || pool_.device().event_synchronize(event) != cudaSuccess) return;
-  s.lock.lock();
-  pool_.refresh(s);
   ++s.counters.growth_waits;
   s.lock.unlock();
 }

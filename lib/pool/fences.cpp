@@ -123,6 +123,39 @@ void PoolCore::refresh(StreamState& s) noexcept {
   }
 }
 
+bool PoolCore::wait_for_stream(StreamState& s) noexcept {
+  cudaEvent_t event = nullptr;
+  bool done = false;
+  s.lock.lock();
+  if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0) {
+    switch (record_fence(s)) {
+      case FenceResult::recorded:
+        event = events_.take();
+        if (event != nullptr && device_->event_record(event, s.handle) != cudaSuccess) {
+          events_.give(event);
+          event = nullptr;
+        }
+        break;
+      case FenceResult::synchronized:
+        done = true;  // waited for already, under the lock
+        break;
+      case FenceResult::failed:
+        break;
+    }
+  }
+  s.lock.unlock();
+  if (event != nullptr) {
+    done = calls_allowed(Restricted::event_wait) && device_->event_synchronize(event) == cudaSuccess;
+    events_.give(event);
+  }
+  if (done) {
+    s.lock.lock();
+    refresh(s);
+    s.lock.unlock();
+  }
+  return done;
+}
+
 const Fence* PoolCore::fence_at(const StreamState& s, std::uint64_t index) const noexcept {
   for (const Fence& fence : s.fences) {
     if (fence.index >= index && fence.event != nullptr) return &fence;

@@ -425,18 +425,28 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   }
   // One thread grows at a time (cudaMalloc is slow, and threads that missed together would each
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
-  std::lock_guard<std::mutex> growing(growth_mutex_);
-  if (Block* range = find(s, rounded, had)) return range;
-  // The gate may have changed while this thread waited. While it forbids cudaMalloc, only
-  // mappings into a reservation made before (grow_mapped makes no new one then).
-  // Decided from one reading of the gate.
-  const bool may_malloc = calls_allowed(Restricted::malloc);
-  if (!may_malloc && !may_map_now()) {
-    error = forbidden_now();
-    return anywhere();
-  }
-  if (may_malloc ? expandable() : vm_ == Vm::on) {
-    Block* range = grow_mapped(s, rounded, had, grew, error);
+  std::unique_lock<std::mutex> growing(growth_mutex_);
+  // At most one wait for s per growth (strands_own), made with growth_mutex_ released: other
+  // growths (slabs of any stream, trim) go on while s's queued work drains.
+  for (bool may_wait = s != nullptr;; may_wait = false) {
+    if (Block* range = find(s, rounded, had)) return range;
+    // The gate may have changed while this thread waited. While it forbids cudaMalloc, only
+    // mappings into a reservation made before (grow_mapped makes no new one then).
+    // Decided from one reading of the gate.
+    const bool may_malloc = calls_allowed(Restricted::malloc);
+    if (!may_malloc && !may_map_now()) {
+      error = forbidden_now();
+      return anywhere();
+    }
+    if (!(may_malloc ? expandable() : vm_ == Vm::on)) break;
+    bool stranded = false;
+    Block* range = grow_mapped(s, rounded, had, grew, may_wait ? &stranded : nullptr, error);
+    if (stranded) {
+      growing.unlock();
+      wait_for_own(*s);
+      growing.lock();
+      continue;
+    }
     if (range == nullptr && vm_ == Vm::on) range = anywhere();
     if (range != nullptr || vm_ == Vm::on || !may_malloc) return range;
     error.clear();  // the device turned out to lack virtual memory: segments as below
@@ -444,6 +454,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
       error = forbidden_now();
       return nullptr;
     }
+    break;
   }
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);

@@ -204,7 +204,9 @@ class LargeTier {
   std::size_t mapping_limit() const noexcept;  // the bytes of one mapping, at most
   // Mappings into a known expandable segment are possible now (may_grow_now's second half).
   bool may_map_now() const noexcept;
-  Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
+  // With `stranded` given, returns null with *stranded true where it should wait for s first
+  // (strands_own): grow() waits with growth_mutex_ released, then grows again.
+  Block* grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew, bool* stranded,
                      Failure& error) noexcept;  // [growth_mutex_]
   // `alone`: map the whole request at a hole, extending nothing (after another thread took the
   // range a plan extended). Only the holes of `home` if given; else, with `spare_kept`, none of a
@@ -227,14 +229,16 @@ class LargeTier {
   // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
   // again). [growth_mutex_, mutex_]
   bool give_back_for(const Plan& plan, const StreamState* s) noexcept;
-  // Whether a whole mapping of more than one granule lies in a free range of s's own that no
-  // completed fence covers yet, outside the range the plan extends: give-back cannot unmap it
-  // until s's work is done, and without a fence of s (one stream records none) never would.
-  // Single-granule mappings are the growths of small requests: moving them only churns.
-  // [growth_mutex_, mutex_]
+  // Whether waiting for s would let give_back_for unmap what this plan maps: a whole mapping of
+  // more than one granule lies in a free range of s's own that no completed fence covers yet,
+  // outside the range the plan extends, and the covered whole free mappings come to less than
+  // plan.bytes. Until s's work is done give-back cannot unmap it, and a program on one stream
+  // records no fence: it would stay mapped until trim or the out-of-memory ladder synchronized
+  // the device. Single-granule mappings are the growths of small requests: moving them only
+  // churns. [growth_mutex_, mutex_]
   bool strands_own(const Plan& plan, const StreamState& s) const noexcept;
-  // Records a fence on s and waits for it, with no lock held but growth_mutex_: s's free ranges
-  // are covered after it, and give-back may unmap their mappings. [growth_mutex_]
+  // Waits for s's work so far (PoolCore::wait_for_stream), counted in s's growth_waits. With no
+  // lock held. [no lock]
   void wait_for_own(StreamState& s) noexcept;
 
   PoolCore& pool_;
