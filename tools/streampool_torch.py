@@ -49,7 +49,7 @@ class _Stats(ctypes.Structure):
         for name in (
             "cache_hits", "cache_misses", "device_allocations", "device_frees",
             "fences_recorded", "cross_stream_reuses", "blocking_fallbacks", "oom_retries",
-            "failed_allocations", "out_of_memory", "reserved_limit",
+            "growth_waits", "failed_allocations", "out_of_memory", "reserved_limit",
         )
     ]
 
@@ -224,7 +224,7 @@ def memory_stats(device=None, lib_dir=None):
     result["num_device_free"] = s["device_frees"]
     # streampool's own, under its own prefix.
     for name in ("cache_hits", "cache_misses", "fences_recorded", "cross_stream_reuses",
-                 "blocking_fallbacks", "failed_allocations", "reserved_limit"):
+                 "blocking_fallbacks", "growth_waits", "failed_allocations", "reserved_limit"):
         result[f"streampool.{name}"] = s[name]
     return dict(sorted(result.items()))
 

@@ -436,6 +436,7 @@ int streampool_torch_get_stats(int device, streampool_torch_stats* out) {
     out->cross_stream_reuses = s.cross_stream_reuses;
     out->blocking_fallbacks = s.blocking_fallbacks;
     out->oom_retries = s.oom_retries;
+    out->growth_waits = s.growth_waits;
     out->failed_allocations = d->failed.load(std::memory_order_relaxed);
     out->out_of_memory = d->out_of_memory.load(std::memory_order_relaxed);
     const std::size_t limit = d->limit->limit();

@@ -69,7 +69,7 @@ typedef struct streampool_torch_stats {
   int64_t live_allocations_current, live_allocations_peak, live_allocations_total;
   int64_t segments; /* device allocations held now */
   uint64_t cache_hits, cache_misses, device_allocations, device_frees, fences_recorded,
-      cross_stream_reuses, blocking_fallbacks, oom_retries;
+      cross_stream_reuses, blocking_fallbacks, oom_retries, growth_waits;
   uint64_t failed_allocations; /* allocations this layer could not serve */
   uint64_t out_of_memory;      /* of those, the ones that failed for lack of memory */
   uint64_t reserved_limit;     /* bytes, from the memory fraction; 0: none */

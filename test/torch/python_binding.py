@@ -14,7 +14,7 @@ def main():
     assert path is not None, "libstreampool_torch.so not found"
     assert os.path.dirname(path) == os.environ["STREAMPOOL_TORCH_LIB_DIR"], path
     lib = streampool_torch._core_library()  # raises if the stats layouts differ
-    assert lib.streampool_torch_stats_size() == 21 * 8, lib.streampool_torch_stats_size()
+    assert lib.streampool_torch_stats_size() == 22 * 8, lib.streampool_torch_stats_size()
     # No pool has been made on any device: no stats, and trim has nothing to do.
     assert streampool_torch.raw_stats(0) is None
     assert streampool_torch.memory_stats(0) == {}
