@@ -148,8 +148,9 @@ if want stress-sanitize; then
 fi
 # This tree's bench against an older tree's, each built alike, in the order old new new old: the
 # pairs and threads of `compare --quick` (the peers in every run), then the paced stress with the
-# default settings, 12 s a run. Written straight under $OUT/ab, so that a call cut short by the
-# device tool's time limit still brings back the runs that finished.
+# default settings, 12 s a run. One file back, ab.tgz (the device tool brings back only a few
+# files), packed again after every run, so that a call cut short by the tool's time limit still
+# brings back the runs that finished.
 ab() {
   local old_src=${AB_OLD:-$root/build-old-src} old_build=$root/build-gpu-old i=0 which bench
   [ -f "$old_src/CMakeLists.txt" ] || { echo "ab: no source tree in $old_src"; return 1; }
@@ -157,14 +158,16 @@ ab() {
     -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF \
     -DSTREAMPOOL_BUILD_TESTS=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF &&
     cmake --build "$old_build" -j "$(nproc)" --target streampool-bench || return 1
-  local results=$out/ab
+  local results=$root/ab-out
   rm -rf "$results" && mkdir -p "$results"
+  local pack=(tar -C "$root" -czf "$out/ab.tgz" ab-out)
   for which in old new new old; do
     i=$((i + 1))
     bench=$build/bench/streampool-bench
     [[ $which == old ]] && bench=$old_build/bench/streampool-bench
     echo "ab: run $i, $which: compare --quick"
     "$bench" compare --quick --out "$results/compare-$i-$which" || return 1
+    "${pack[@]}"
   done
   i=0
   for which in old new new old; do
@@ -174,6 +177,7 @@ ab() {
     echo "ab: run $i, $which: stress (paced)"
     "$bench" stress --seconds 12 --max-in-flight "${MAX_IN_FLIGHT:-32}" --interval 12 --config "" \
       --out "$results/stress-$i-$which" || return 1
+    "${pack[@]}"
   done
 }
 if want ab; then
