@@ -358,6 +358,18 @@ void growth(World& w) {
   }
 }
 
+// One stream, expandable segments: a growth that finds a mapping the stream freed with its work
+// pending (one stream records no fence) waits for the stream, then unmaps that mapping before it
+// maps ("Waiting for one's own" in docs/design.md). With cudaMalloc segments, growths alone.
+void growth_wait(World& w) {
+  std::optional<Buffer> left(std::in_place, w, 20 * MiB, w.a);
+  Buffer right(w, 20 * MiB, w.a);
+  left->write(w.a);
+  left.reset();
+  Buffer big(w, 30 * MiB, w.a);
+  big.write(w.a);
+}
+
 // Blocks dropped on A go to B once A's fence completes (small from A's list, large from the
 // arena); with cross_stream_wait, B waits on A's fence instead of growing.
 void cross_stream(World& w) {
@@ -564,6 +576,11 @@ const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> table{
       {"allocation", allocation},
       {"growth", growth},
+      with({"growth that waits for its stream", growth_wait},
+           [](Scenario& s) {
+             s.options.segment_bytes = 20 * MiB;
+             s.options.large_shelf = 0;  // every drop goes back to the arena
+           }),
       {"cross-stream reuse", cross_stream},
       with({"cross-stream wait", cross_stream_wait},
            [](Scenario& s) {

@@ -231,3 +231,49 @@ TEST_CASE("an allocation that waited on a gated state checks that the state stil
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review (2026-12-05): release_stream read the event of the released stream's last
+// fence under the state's lock, then waited on it with no lock held. Meanwhile another thread
+// could learn that the fence completed and give its event back to the pool's idle events, and a
+// drop on a third stream record its own fence with that event: release_stream then waited for the
+// third stream's work, which its caller may not want to wait for (or may be about to make
+// possible).
+TEST_CASE("release_stream waits for its own stream's work, not for the work of a stream that got "
+          "the event of its last fence") {
+  auto options = one_block_slabs();
+  options.fence_every_free = true;  // every drop records a fence, from the idle events
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    write_on(fake, a, x);
+  }  // fenced at the drop; the fence is pending behind the write
+  REQUIRE(pool->stats().fences_recorded == 1);
+
+  std::size_t pending_on_c = 0;
+  const auto another_thread = [&] {
+    on_own_thread([&] {
+      fake.complete(a);  // A's fence completes
+      // B wants A's block, learns that A's fence completed, and so frees its event; then a
+      // drop on C records a fence, taking that event, behind C's pending write (B's buffer
+      // lives on meanwhile, so that its drop takes no event first).
+      auto y = Bytes::alloc_async(*pool, 4096, b);
+      auto z = Bytes::alloc_async(*pool, 8192, c);
+      write_on(fake, c, z);
+      z.reset();
+      pending_on_c = fake.pending_work();
+    }).get();
+  };
+  pool.device->before_next(Call::event_synchronize, another_thread);
+  pool->release_stream(a);
+  const bool waited_before = pool.device->fired() == 1;
+  pool.device->run_unfired();
+  REQUIRE(pool->stats().fences_recorded >= 2);
+  REQUIRE(pending_on_c >= 1);
+  CAPTURE(waited_before);
+  CHECK(fake.pending_work() == pending_on_c);  // C's write is still pending
+  fake.complete_all();
+}

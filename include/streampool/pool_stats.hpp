@@ -26,7 +26,8 @@ struct PoolStats {
   std::uint64_t device_frees = 0;
   std::uint64_t fences_recorded = 0;     // fences (events) recorded
   std::uint64_t cross_stream_reuses = 0; // blocks handed to another stream than their last
-  std::uint64_t blocking_fallbacks = 0;  // stream synchronizes where a fence failed
+  std::uint64_t blocking_fallbacks = 0;  // stream synchronizes where a fence (or the event a
+                                         // growth waits on) could not be made
   std::uint64_t oom_retries = 0;         // allocations retried after reclaiming
   // Waits for a stream before a growth on virtual memory, so that memory the stream freed could
   // be mapped again where its request needs it (docs/design.md, "Waiting for one's own").

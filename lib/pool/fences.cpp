@@ -125,6 +125,7 @@ void PoolCore::refresh(StreamState& s) noexcept {
 
 bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   cudaEvent_t event = nullptr;
+  cudaStream_t unmarked = nullptr;  // recorded a fence, but no event of ours after it
   bool done = false;
   s.lock.lock();
   if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0) {
@@ -135,6 +136,7 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
           events_.give(event);
           event = nullptr;
         }
+        if (event == nullptr) unmarked = s.handle;
         break;
       case FenceResult::synchronized:
         done = true;  // waited for already, under the lock
@@ -144,12 +146,19 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
     }
   }
   s.lock.unlock();
+  bool blocking = false;
   if (event != nullptr) {
     done = calls_allowed(Restricted::event_wait) && device_->event_synchronize(event) == cudaSuccess;
     events_.give(event);
+  } else if (unmarked != nullptr) {
+    // As a fence that cannot be made: wait for the whole stream instead, counted. (The caller
+    // allocates on s, so its handle still names it.)
+    done = blocking = calls_allowed(Restricted::stream_sync) &&
+                      device_->stream_synchronize(unmarked) == cudaSuccess;
   }
   if (done) {
     s.lock.lock();
+    if (blocking) ++s.counters.blocking;
     refresh(s);
     s.lock.unlock();
   }

@@ -170,9 +170,10 @@ class PoolCore {
   // holding no lock meanwhile, and learns which of s's fences completed: every block dropped on s
   // before the call is covered after it. The event waited for is one of the caller's, recorded
   // right after the fence: a fence's own event goes back to the event pool when another thread
-  // learns it completed, and may be recorded again elsewhere while it is waited for. False where
-  // it could not wait (s retired or not addressable, capturing, a failed call, or the gate
-  // forbids the wait).
+  // learns it completed, and may be recorded again elsewhere while it is waited for; where that
+  // event cannot be made or recorded, the stream is synchronized instead (counted in
+  // PoolStats::blocking_fallbacks). False where it could not wait (s retired or not addressable,
+  // capturing, a failed call, or the gate forbids the wait).
   bool wait_for_stream(StreamState& s) noexcept;
   // A drop of `bytes` landed on s: true when the fence policy, or another stream, wants a fence
   // on s now. [s.lock] The clock is read once every FencePolicy::clock_every drops: the time

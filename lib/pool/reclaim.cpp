@@ -282,13 +282,16 @@ void PoolCore::release_stream(cudaStream_t stream) {
   throw_on_cuda_error(device_->stream_id(stream, &id), "release_stream: cudaStreamGetId");
   StreamState* s = registry_.release(stream, id);
   if (s == nullptr) return;  // never seen, or already released
-  // Its last fence covers everything dropped on it: wait for it where that is allowed now, and
-  // its blocks are clean at once; otherwise they come back when the fence completes.
+  // Its last fence covers everything dropped on it: where it is pending, wait for the stream
+  // where that is allowed now, and its blocks are clean at once; otherwise they come back when
+  // the fence completes. Not on the fence's event: once the lock is let go, another thread may
+  // learn that the fence completed and give its event to a fence of another stream. (The state
+  // is recycled only once that fence completed, so one that names another stream by now has
+  // nothing pending of this one.)
   s->lock.lock();
-  const Fence* last = fence_at(*s, s->last_index);
-  cudaEvent_t event = last != nullptr && last->index == s->last_index ? last->event : nullptr;
+  const bool pending = s->id == id && fence_at(*s, s->last_index) != nullptr;
   s->lock.unlock();
-  if (event != nullptr && calls_allowed(Restricted::event_wait)) device_->event_synchronize(event);
+  if (pending && calls_allowed(Restricted::stream_sync)) device_->stream_synchronize(stream);
   drain_parked();
 }
 
