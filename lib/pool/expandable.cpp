@@ -351,15 +351,13 @@ bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
   if (plan.hole == nullptr || !calls_allowed(Restricted::free)) return false;
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
-  const Block* extended = plan.hole->before;
-  const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
-  const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
+  const Kept kept = kept_by(plan);
   std::size_t released = 0;
   bool moved = false;  // memory of a home kept for another stream
   for (const auto& segment : segments_) {
     if (!segment->expandable) continue;
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= keep) break;
-    const std::size_t here = unmap_free(*segment, keep, keep_begin, keep_end);
+    const std::size_t here = unmap_free(*segment, keep, kept);
     moved = moved || (here > 0 && s != nullptr && segment.get() != plan.hole->segment &&
                       kept_for_other(*segment, s));
     released += here;
@@ -373,9 +371,7 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
       !calls_allowed(Restricted::event_wait)) {
     return false;
   }
-  const Block* extended = plan.hole->before;
-  const std::byte* keep_begin = extended != nullptr && extended->free ? extended->ptr : nullptr;
-  const std::byte* keep_end = keep_begin != nullptr ? extended->ptr + extended->size : nullptr;
+  const Kept kept = kept_by(plan);
   std::size_t coverable = 0;  // what give_back_for may unmap now
   bool stranded = false;
   for (const auto& segment : segments_) {
@@ -384,9 +380,8 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
     for (const Mapping& m : segment->mappings) {
       const std::byte* const begin = segment->base + m.offset;
       const std::byte* const end = begin + m.size;
-      while (r->ptr + r->size <= begin) r = r->after;
-      const bool whole = r->free && !r->is_slab && r->ptr + r->size >= end;
-      if (!whole || (begin < keep_end && keep_begin < end)) continue;
+      r = range_holding(r, begin);
+      if (!free_through(r, end) || kept.overlaps(begin, end)) continue;
       if (covered(r->need)) {
         coverable += m.size;
       } else if (m.size > granule_ && r->need.timeline == &s.timeline) {
@@ -404,8 +399,14 @@ void LargeTier::wait_for_own(StreamState& s) noexcept {
   s.lock.unlock();
 }
 
+LargeTier::Kept LargeTier::kept_by(const Plan& plan) noexcept {
+  const Block* extended = plan.hole->before;
+  if (extended == nullptr || !extended->free) return {};
+  return {extended->ptr, extended->ptr + extended->size};
+}
+
 std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
-                                  const std::byte* keep_begin, const std::byte* keep_end) noexcept {
+                                  Kept kept) noexcept {
   Device& device = pool_.device();
   std::size_t released = 0;
   Block* r = segment.first;
@@ -414,12 +415,12 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     const Mapping m = segment.mappings[i];
     std::byte* const begin = segment.base + m.offset;
     std::byte* const end = begin + m.size;
-    while (r->ptr + r->size <= begin) r = r->after;
-    if (begin < keep_end && keep_begin < end) {
+    r = range_holding(r, begin);
+    if (kept.overlaps(begin, end)) {
       ++i;
       continue;
     }
-    const bool whole = r->free && !r->is_slab && r->ptr + r->size >= end && normalize(r);
+    const bool whole = free_through(r, end) && normalize(r);
     Block* left = nullptr;
     Block* right = nullptr;
     try {

@@ -200,6 +200,25 @@ class LargeTier {
     Block* hole = nullptr;  // maps `bytes` at the start of this hole
     std::size_t bytes = 0;
   };
+  // Addresses that give-back leaves mapped: the free range a plan extends, or none.
+  struct Kept {
+    const std::byte* begin = nullptr;
+    const std::byte* end = nullptr;
+    bool overlaps(const std::byte* b, const std::byte* e) const noexcept {
+      return b < end && begin < e;
+    }
+  };
+  static Kept kept_by(const Plan& plan) noexcept;
+  // The range of a segment's list that holds `begin`, walking on from r (the range that held an
+  // earlier address); and whether it is a free large range holding all of [.., end).
+  template <class B>
+  static B* range_holding(B* r, const std::byte* begin) noexcept {
+    while (r->ptr + r->size <= begin) r = r->after;
+    return r;
+  }
+  static bool free_through(const Block* r, const std::byte* end) noexcept {
+    return r->free && !r->is_slab && r->ptr + r->size >= end;
+  }
   bool expandable() noexcept;  // decided at the first growth [growth_mutex_]
   std::size_t mapping_limit() const noexcept;  // the bytes of one mapping, at most
   // Mappings into a known expandable segment are possible now (may_grow_now's second half).
@@ -220,10 +239,8 @@ class LargeTier {
   // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
   void fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
   // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
-  // that overlaps [keep_begin, keep_end); the bytes unmapped. [growth_mutex_, mutex_]
-  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep,
-                         const std::byte* keep_begin = nullptr,
-                         const std::byte* keep_end = nullptr) noexcept;
+  // that overlaps `kept`; the bytes unmapped. [growth_mutex_, mutex_]
+  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep, Kept kept) noexcept;
   // Before a growth maps plan.bytes: unmaps up to as much of the whole free mappings elsewhere
   // (not the free range the plan extends), so that the growth reuses memory fragmentation left
   // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
