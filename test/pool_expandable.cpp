@@ -7,6 +7,7 @@
 #include <streampool/error.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -523,6 +524,223 @@ TEST_CASE("memory whose release the device refused stays counted reserved until 
   CHECK(fake.live_vm_handles() == 1);
   CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));
   CHECK(static_cast<std::int64_t>(fake.live_bytes()) == reserved(*pool));
+}
+
+// Found in review (2026-12-05): the cleanup of a growth whose cuMemSetAccess (or cuMemMap) failed
+// called cuMemUnmap and cuMemRelease once each and ignored their answers.
+TEST_CASE("a failed growth keeps what the device refused to give back: a handle counted reserved "
+          "until a trim releases it, a mapping it refused to unmap out of later growths' way") {
+  auto device = std::make_shared<FakeDevice>();
+  cudaStream_t a = device->create_stream();
+  {
+    streampool::MemoryPool pool(device, vm_options());
+    std::error_code error;
+    SECTION("the handle's release refused twice: counted reserved, released by a trim") {
+      device->fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue);
+      device->fail_next(Call::vm_release, 2, cudaErrorInvalidValue);
+      auto failed = Bytes::try_alloc_async(pool, 3 * MiB, a, error);
+      REQUIRE(failed.is_empty());
+      CHECK(reserved(pool) == static_cast<std::int64_t>(device->live_bytes()));
+      CHECK(pool.breakdown().segment_bytes == reserved(pool));
+      auto after = Bytes::try_alloc_async(pool, 3 * MiB, a, error);  // the device accepts again
+      CHECK_FALSE(after.is_empty());
+      after.reset();
+      pool.trim(0);
+      CHECK(reserved(pool) == 0);
+      CHECK(device->live_bytes() == 0);
+    }
+    SECTION("the unmap refused once: tried again, and later growths map at that hole") {
+      device->fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue);
+      device->fail_next(Call::vm_unmap, 1, cudaErrorInvalidValue);
+      auto failed = Bytes::try_alloc_async(pool, 3 * MiB, a, error);
+      REQUIRE(failed.is_empty());
+      std::vector<Bytes> later;
+      for (int i = 0; i < 3; ++i) {
+        std::error_code again;
+        later.push_back(Bytes::try_alloc_async(pool, 3 * MiB, a, again));
+        INFO("attempt " << i << ": " << again.message());
+        CHECK_FALSE(later.back().is_empty());
+      }
+      CHECK(reserved(pool) == static_cast<std::int64_t>(device->live_bytes()));
+    }
+    SECTION("the unmap refused twice: the stuck mapping is counted reserved, kept out of the way "
+            "of later growths, and unmapped at the pool's destruction") {
+      device->fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue);
+      device->fail_next(Call::vm_unmap, 2, cudaErrorInvalidValue);
+      auto failed = Bytes::try_alloc_async(pool, 3 * MiB, a, error);
+      REQUIRE(failed.is_empty());
+      CHECK(reserved(pool) == static_cast<std::int64_t>(device->live_bytes()));
+      std::vector<Bytes> later;
+      for (int i = 0; i < 3; ++i) {
+        std::error_code again;
+        later.push_back(Bytes::try_alloc_async(pool, 3 * MiB, a, again));
+        INFO("attempt " << i << ": " << again.message());
+        CHECK_FALSE(later.back().is_empty());
+      }
+      later.clear();
+      device->complete_all();
+      pool.trim(0);
+      CHECK(reserved(pool) == static_cast<std::int64_t>(device->live_bytes()));
+      CHECK(pool.breakdown().segment_bytes == reserved(pool));
+    }
+  }
+  CHECK(device->live_reservations() == 0);
+  CHECK(device->live_vm_handles() == 0);
+  CHECK(device->live_bytes() == 0);
+}
+
+TEST_CASE("memory whose release the device refused is in the breakdown's segment bytes, as every "
+          "reserved byte is") {
+  PoolOnFake pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  {
+    auto keep = Bytes::alloc_async(*pool, 4 * MiB, a);
+    auto big = Bytes::alloc_async(*pool, 20 * MiB, a);  // a mapping of its own
+  }
+  auto keep = Bytes::alloc_async(*pool, 4 * MiB, a);
+  fake.complete_all();
+  fake.fail_next(Call::vm_release, 2, cudaErrorInvalidValue);
+  pool->trim(0);
+  REQUIRE(fake.live_vm_handles() == 2);  // the refused handle is still the pool's
+  CHECK(pool->breakdown().segment_bytes == reserved(*pool));
+}
+
+namespace {
+// a: left (pending write, dropped) and right; a 30 MiB request on a strands left's mapping and
+// waits for a. `during` runs on another thread just before the wait's event_synchronize.
+void wait_for_own_while(int what) {
+  HookedPool pool(vm_options());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto other = Bytes::alloc_async(*pool, 20 * MiB, b);
+  auto left = Bytes::alloc_async(*pool, 20 * MiB, a);
+  auto right = Bytes::alloc_async(*pool, 20 * MiB, a);
+  write_on(fake, a, left);
+  left.reset();
+  std::vector<Bytes> kept;
+  std::mutex kept_mutex;
+  std::shared_future<void> done;
+  pool.device->before_next(Call::event_synchronize, [&] {
+    done = on_own_thread([&] {
+      std::error_code error;
+      switch (what) {
+        case 0: pool->trim(0); break;
+        case 1: pool->release_stream(a); break;
+        case 2: {
+          auto x = Bytes::try_alloc_async(*pool, 20 * MiB, a, error);
+          if (!x.is_empty()) write_on(fake, a, x);
+          std::lock_guard<std::mutex> lock(kept_mutex);
+          kept.push_back(std::move(x));
+          break;
+        }
+        case 3: {
+          auto x = Bytes::try_alloc_async(*pool, 30 * MiB, b, error);
+          if (!x.is_empty()) write_on(fake, b, x);
+          std::lock_guard<std::mutex> lock(kept_mutex);
+          kept.push_back(std::move(x));
+          break;
+        }
+        case 4: {
+          other.reset();
+          fake.complete(b);
+          pool->trim(0);
+          break;
+        }
+      }
+    });
+  });
+  std::error_code error;
+  auto big = Bytes::try_alloc_async(*pool, 30 * MiB, a, error);
+  pool.device->run_unfired();
+  done.wait();
+  REQUIRE_FALSE(big.is_empty());
+  write_on(fake, a, big);
+  // Everything else the pool has, on another stream.
+  cudaStream_t c = fake.create_stream();
+  std::vector<Bytes> more;
+  for (int i = 0; i < 6; ++i) {
+    more.push_back(Bytes::alloc_async(*pool, (5 + 7 * i) * MiB, c));
+    write_on(fake, c, more.back());
+  }
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  more.clear();
+  kept.clear();
+  big.reset();
+  other.reset();
+  right.reset();
+  fake.complete_all();
+  pool->trim(0);
+  CHECK(reserved(*pool) == 0);
+  CHECK(fake.live_vm_handles() == 0);
+  CHECK(fake.live_bytes() == 0);
+}
+}  // namespace
+
+// While a growth waits for its own stream (no lock held), another thread trims, releases the
+// stream, takes the range the wait is for, grows into the same hole, or empties a reservation:
+// the growth plans again from scratch, and nothing races or leaks.
+TEST_CASE("whatever another thread does while a growth waits for its stream, no range is reused "
+          "early and nothing leaks") {
+  const int what = GENERATE(0, 1, 2, 3, 4);
+  CAPTURE(what);
+  wait_for_own_while(what);
+}
+
+TEST_CASE("threads with growth waits, trims and released streams: no race, no failure, nothing "
+          "left") {
+  auto options = vm_options();
+  options.stream_homes = GENERATE(0u, 4u);
+  CAPTURE(options.stream_homes);
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  constexpr int threads = 4;
+  std::vector<std::thread> workers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937_64 random(static_cast<std::uint64_t>(t) * 77 + 5);
+      cudaStream_t s = fake.create_stream();
+      std::vector<Bytes> live;
+      for (int i = 0; i < 600; ++i) {
+        const auto roll = random() % 100;
+        if (roll < 50 || live.empty()) {
+          const std::size_t bytes =
+              roll % 5 == 0 ? 1 + random() % (64 * KiB) : 256 * KiB + random() % (40 * MiB);
+          std::error_code error;
+          Bytes b = Bytes::try_alloc_async(*pool, bytes, s, error);
+          if (b.is_empty()) {
+            failures.fetch_add(1);
+            continue;
+          }
+          write_on(fake, s, b);
+          live.push_back(std::move(b));
+        } else if (roll < 93) {
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+        } else if (roll < 96) {
+          fake.complete(s);
+        } else if (roll < 98) {
+          pool->trim(random() % (64 * MiB));
+        } else {
+          live.clear();
+          pool->release_stream(s);
+          s = fake.create_stream();
+        }
+        if (live.size() > 12) live.erase(live.begin());
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  CHECK(failures.load() == 0);
+  fake.complete_all();
+  pool->trim(0);
+  CHECK(reserved(*pool) == 0);
+  CHECK(fake.live_vm_handles() == 0);
+  CHECK(fake.live_bytes() == 0);
 }
 
 TEST_CASE("max_reserved_bytes limits the mapped memory") {

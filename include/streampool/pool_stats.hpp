@@ -38,9 +38,11 @@ struct PoolStats {
 // locks, for diagnostics, not for a hot loop. Taken while other threads allocate and drop, its
 // parts are each exact at their own moment but need not add up to one moment's whole.
 //
-// Every reserved byte is in a segment (a device allocation). A segment is cut into ranges: slabs
-// of the small tier, free ranges, and ranges in use (live large buffers, large blocks parked,
-// and ranges a CapturePool holds).
+// Every reserved byte is in a segment (a device allocation), counted in segment_bytes; so is
+// physical memory that the device refused to release once unmapped, which a later trim tries
+// again. A segment is cut into ranges: slabs of the small tier, free ranges, and ranges in use
+// (live large buffers, large blocks parked, ranges a CapturePool holds, and memory the device
+// refused to unmap after refusing access to it, kept until the pool's destruction).
 struct PoolBreakdown {
   std::int64_t segments = 0;
   std::int64_t segment_bytes = 0;

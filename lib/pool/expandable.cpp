@@ -150,7 +150,8 @@ bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) 
   }
 }
 
-bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept {
+bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Leftover& left,
+                    Failure& error) noexcept {
   Device& device = pool_.device();
   const Segment& segment = *plan.hole->segment;
   const std::size_t chunk = mapping_limit();
@@ -168,12 +169,18 @@ bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Failure& error)
     if (status == cudaSuccess) {
       call = "cuMemMap";
       status = device.vm_map(at, bytes, handle);
+      const Mapping made{static_cast<std::size_t>(at - segment.base), bytes, handle};
       if (status == cudaSuccess) {
         call = "cuMemSetAccess";
         status = device.vm_set_access(at, bytes);
-        if (status != cudaSuccess) device.vm_unmap(at, bytes);
+        if (status != cudaSuccess && !twice([&] { return device.vm_unmap(at, bytes); })) {
+          left.stuck = made;
+        }
       }
-      if (status != cudaSuccess) device.vm_release(handle);
+      if (status != cudaSuccess && left.stuck.size == 0 &&
+          !twice([&] { return device.vm_release(handle); })) {
+        left.unreleased = made;
+      }
     }
     if (status != cudaSuccess) {
       if (status == cudaErrorNotSupported) vm_ = Vm::off;
@@ -202,22 +209,7 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
                                    });
   segment.mappings.insert(at, mappings.begin(), mappings.end());
   segment.mapped += bytes;
-  if (hole->size > bytes) {  // the rest stays a hole
-    *rest = Block{};
-    rest->ptr = hole->ptr + bytes;
-    rest->size = hole->size - bytes;
-    rest->large = true;
-    rest->free = false;
-    rest->hole = true;
-    rest->segment = &segment;
-    rest->before = hole;
-    rest->after = hole->after;
-    if (hole->after != nullptr) hole->after->before = rest;
-    hole->after = rest;
-    hole->size = bytes;
-  } else {
-    delete_block(rest);
-  }
+  split_hole(hole, bytes, rest);
   // A clean range, merged with clean neighbours only: an owned neighbour keeps its need (its
   // owner's request takes both through extend_own), as in put().
   Block* range = hole;
@@ -237,6 +229,55 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
     absorb_next(range);
   }
   index(range);
+}
+
+void LargeTier::split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept {
+  if (hole->size == bytes) {
+    delete_block(rest);
+    return;
+  }
+  *rest = Block{};
+  rest->ptr = hole->ptr + bytes;
+  rest->size = hole->size - bytes;
+  rest->large = true;
+  rest->free = false;
+  rest->hole = true;
+  rest->segment = hole->segment;
+  rest->before = hole;
+  rest->after = hole->after;
+  if (hole->after != nullptr) hole->after->before = rest;
+  hole->after = rest;
+  hole->size = bytes;
+}
+
+void LargeTier::keep_leftover(Block* hole, const Leftover& left) noexcept {
+  if (left.unreleased.size != 0) {
+    pool_.count_device_allocation(left.unreleased.size);
+    keep_unreleased(unreleased_, left.unreleased);
+  }
+  const Mapping& stuck = left.stuck;
+  if (stuck.size == 0) return;
+  Segment& segment = *hole->segment;
+  STREAMPOOL_ASSERT(hole->hole && hole->ptr == segment.base + stuck.offset &&
+                    hole->size >= stuck.size);
+  Block* rest = nullptr;
+  try {
+    rest = new_block();
+  } catch (const std::bad_alloc&) {
+    return;  // lost, with its memory and its addresses: only when the device refused 3 calls
+  }
+  split_hole(hole, stuck.size, rest);
+  // In use, by nobody: never handed out, merged or unmapped by trim.
+  hole->hole = false;
+  hole->need = {};
+  // Room was reserved before the calls (grow_mapped: one place per chunk).
+  const auto at = std::upper_bound(segment.mappings.begin(), segment.mappings.end(), stuck.offset,
+                                   [](std::size_t offset, const Mapping& m) {
+                                     return offset < m.offset;
+                                   });
+  segment.mappings.insert(at, stuck);
+  segment.mapped += stuck.size;
+  pool_.count_device_allocation(stuck.size);
 }
 
 Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bool* grew,
@@ -322,12 +363,16 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
       error = Errc::out_of_memory;
       return nullptr;
     }
-    const bool mapped = map(plan, mappings, error);
+    Leftover left;
+    const bool mapped = map(plan, mappings, left, error);
     Block* range = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      // Where the addresses of a chunk whose calls failed begin: what fill() leaves a hole.
+      Block* const unfilled = mappings.empty() ? plan.hole : rest;
       if (mappings.empty()) delete_block(rest);
       else fill(plan.hole, mappings, rest);  // what was mapped stays, also after a failure
+      keep_leftover(unfilled, left);
       // Under the same lock: no other thread's request can take what this growth mapped (under
       // churn on the H200, threads that looked again after unlocking lost it to each other and
       // retried through the out-of-memory ladder).

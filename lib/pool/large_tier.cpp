@@ -686,6 +686,8 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
       }
     }
   }
+  // Unmapped, but still the pool's: the device refused to release them.
+  for (const Mapping& m : unreleased_) out.segment_bytes += static_cast<std::int64_t>(m.size);
 }
 
 bool LargeTier::consistent() noexcept {

@@ -234,10 +234,25 @@ class LargeTier {
                    bool spare_kept) noexcept;  // [mutex_]
   // A new reservation, homed to `home` if given. [growth_mutex_]
   bool reserve(std::size_t rounded, StreamState* home, Failure& error) noexcept;
-  // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`. [growth_mutex_]
-  bool map(const Plan& plan, std::vector<Mapping>& out, Failure& error) noexcept;
+  // What the chunk whose calls failed left that is still the pool's (none, usually): a handle
+  // the device refused to release (its memory), or a mapping it refused to unmap after refusing
+  // its access (addresses that can be neither used nor mapped again).
+  struct Leftover {
+    Mapping unreleased;
+    Mapping stuck;
+  };
+  // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`, and what the
+  // failed chunk left in `left`. [growth_mutex_]
+  bool map(const Plan& plan, std::vector<Mapping>& out, Leftover& left, Failure& error) noexcept;
   // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
   void fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
+  // Keeps what a failed chunk left: an unreleased handle counted reserved until a trim releases
+  // it; a stuck mapping as a range in use by nobody at the start of `hole` (the rest stays a
+  // hole), counted reserved, unmapped again only at the pool's destruction. [growth_mutex_, mutex_]
+  void keep_leftover(Block* hole, const Leftover& left) noexcept;
+  // Cuts the first `bytes` of `hole` off; `rest` (a spare block) becomes the hole's remainder,
+  // or is deleted where nothing remains. [growth_mutex_, mutex_]
+  void split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept;
   // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
   // that overlaps `kept`; the bytes unmapped. [growth_mutex_, mutex_]
   std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep, Kept kept) noexcept;
