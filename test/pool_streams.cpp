@@ -84,6 +84,53 @@ TEST_CASE("the per-thread default stream is a different stream in each thread") 
   fake.complete_all();
 }
 
+// Found in review (2026-12-05): a per-thread default stream's state named its thread by
+// std::thread::id, which glibc hands an exited thread's to the next thread at once. That thread
+// passed for the exited one: it recorded the exited thread's fences on its own per-thread stream,
+// and took the exited thread's range as soon as its own work was done.
+TEST_CASE("a later thread that gets an exited thread's std::thread::id does not fence the exited "
+          "thread's per-thread default stream on its own") {
+  constexpr std::size_t KiB = std::size_t{1} << 10;
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto options = test_options();
+  options.segment_bytes = 2 * MiB;
+  options.unfenced_bytes = 2 * MiB;
+  options.idle_ms = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+
+  std::thread::id first_id;
+  void* dropped = nullptr;
+  std::thread([&] {
+    first_id = std::this_thread::get_id();
+    // 1.5 MiB of a 2 MiB segment; its clean 0.5 MiB rest merges into it in the arena later.
+    auto x = Bytes::alloc_async(*pool, 1536 * KiB, cudaStreamPerThread);
+    write_on(fake, cudaStreamPerThread, x);  // pending: nothing completes it
+    dropped = x.data();
+  }).join();  // x dropped on the thread's per-thread stream (onto its shelf, no fence: one stream)
+
+  bool same_id = false;
+  void* taken = nullptr;
+  for (int attempt = 0; attempt < 100 && !same_id; ++attempt) {
+    std::thread([&] {
+      if (std::this_thread::get_id() != first_id) return;
+      same_id = true;
+      // A request that misses everything: the shelves go back to the arena, where the first
+      // thread's range takes its clean neighbour and passes its stream's unfenced bound.
+      auto y = Bytes::alloc_async(*pool, 2 * MiB, cudaStreamPerThread);
+      write_on(fake, cudaStreamPerThread, y);
+      taken = y.data();
+    }).join();
+  }
+  if (!same_id) {
+    WARN("no later thread got the first thread's std::thread::id here: the race is not tried");
+  }
+  CAPTURE(taken == dropped);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
 TEST_CASE("release_stream makes a stream's cached blocks usable on any stream") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();

@@ -25,7 +25,16 @@ bool explicit_stream(cudaStream_t stream) {
   return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
 }
 
+std::atomic<std::uint64_t> next_thread_token{1};
+
 }  // namespace
+
+constinit thread_local std::uint64_t thread_token = 0;
+
+std::uint64_t assign_thread_token() noexcept {
+  thread_token = next_thread_token.fetch_add(1, std::memory_order_relaxed);
+  return thread_token;
+}
 
 template <StreamChecks checks>
 StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& gate,
@@ -169,7 +178,7 @@ StreamState* StreamRegistry::register_stream(cudaStream_t stream, StreamId id) {
   s->lock.lock();
   s->id = id;
   s->handle = stream;
-  s->owner = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
+  s->owner = stream == cudaStreamPerThread ? this_thread_token() : 0;
   s->unfenced_limit = pool_.policy().limit(several_streams());
   s->lock.unlock();
   by_id_[id] = s;

@@ -12,11 +12,21 @@
 #include <deque>
 #include <limits>
 #include <memory>
-#include <thread>
 
 namespace streampool::detail {
 
 class PoolCore;
+
+// A number naming the calling thread, never given to another thread of the process: unlike
+// std::thread::id, which the C library hands an exited thread's to the next thread it starts
+// (glibc does at once), so that a later thread would pass for an exited one's and record fences
+// on its own per-thread default stream for the exited thread's. Not 0.
+extern constinit thread_local std::uint64_t thread_token;
+std::uint64_t assign_thread_token() noexcept;
+inline std::uint64_t this_thread_token() noexcept {
+  const std::uint64_t token = thread_token;
+  return token != 0 ? token : assign_thread_token();
+}
 
 // A fence recorded on a stream: an event, or a virtual fence (no event) that the device
 // synchronize of index `device_index` on the pool's device timeline completes.
@@ -103,14 +113,14 @@ struct alignas(64) StreamState {
   // Identity: set when registered (registry mutex), constant until retired.
   StreamId id = 0;
   cudaStream_t handle = nullptr;
-  std::thread::id owner;  // for the per-thread default stream: the thread it belongs to
+  std::uint64_t owner = 0;  // for the per-thread default stream: its thread's this_thread_token()
   // Every state of the pool, newest first, for iteration without a lock (never unlinked).
   StreamState* next_state = nullptr;
 
   // Calls naming this stream may be made from the current thread (the per-thread default stream
   // is another stream in every other thread).
   bool addressable() const noexcept {
-    return handle != cudaStreamPerThread || owner == std::this_thread::get_id();
+    return handle != cudaStreamPerThread || owner == this_thread_token();
   }
   // This state still names the stream it named at `seen`, and takes new blocks.
   bool current(std::uint32_t seen) const noexcept {
