@@ -260,6 +260,49 @@ TEST_CASE("a stream's dropped but unfenced bytes are bounded: the drop that reac
   fake.complete_all();
 }
 
+// Found in review (2026-12-05): blocks a stream took from another by waiting on its fence got
+// the stream's need without being counted among its unfenced bytes, and reusing them there took
+// their bytes off what was really dropped there: 112 KiB dropped since the last fence, against a
+// bound of 64 KiB, and no fence.
+TEST_CASE("blocks taken by waiting on another stream's fence do not hide the stream's own "
+          "unfenced drops from the bound") {
+  auto options = one_block_slabs();
+  options.cross_stream_wait = true;
+  options.unfenced_bytes = 64 * 1024;
+  options.unfenced_us = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  std::vector<Bytes> first;
+  std::vector<Bytes> second;
+  for (int i = 0; i < 7; ++i) first.push_back(Bytes::alloc_async(*pool, 8192, a));
+  for (int i = 0; i < 7; ++i) second.push_back(Bytes::alloc_async(*pool, 8192, a));
+  {
+    std::vector<Bytes> on_b;
+    for (int i = 0; i < 16; ++i) {
+      on_b.push_back(Bytes::alloc_async(*pool, 4096, b));
+      write_on(fake, b, on_b.back());
+    }
+  }  // 64 KiB dropped on B: its fence is recorded, pending behind B's writes
+  REQUIRE(pool->stats().fences_recorded == 1);
+
+  for (auto& x : first) write_on(fake, a, x);
+  for (auto& x : second) write_on(fake, a, x);
+  first.clear();  // 56 KiB unfenced on A
+  REQUIRE(pool->stats().fences_recorded == 1);
+
+  // A misses 4 KiB: it waits on B's fence, takes B's blocks, and uses them.
+  std::vector<Bytes> taken;
+  for (int i = 0; i < 16; ++i) taken.push_back(Bytes::alloc_async(*pool, 4096, a));
+  REQUIRE(pool->stats().cross_stream_reuses >= 1);
+
+  second.clear();  // 112 KiB dropped on A since its last fence (it has none)
+  CHECK(pool->stats().fences_recorded >= 2);
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
 TEST_CASE("a program on one stream records no fence, whatever it drops") {
   auto options = test_options();
   options.unfenced_bytes = 4096;

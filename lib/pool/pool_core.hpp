@@ -194,6 +194,12 @@ class PoolCore {
     }
     return now - s.unfenced_since_ns > policy_.unfenced_ns;
   }
+  // Free blocks that came to s from another stream by waiting on its fence (cross_stream_wait)
+  // have s's need now, as if dropped here: they count among s's unfenced bytes, which
+  // reused_here takes them off again. [s.lock]
+  static void waited_here(StreamState& s, std::size_t bytes) noexcept {
+    s.unfenced_bytes += bytes;
+  }
   // A free block of s goes back into use on s. [s.lock]
   static void reused_here(StreamState& s, const Need& need, std::size_t bytes) noexcept {
     if (need.timeline != &s.timeline ||

@@ -118,6 +118,7 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
       // Covered blocks are clean; waited-for ones are safe on s, and on others after s's next
       // fence (which follows the wait).
       b->need = waited ? s.need_now() : Need{};
+      if (waited) PoolCore::waited_here(s, b->size);
       s.free[size_class].push_back(b);
     }
     s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + (n - 1));
@@ -210,6 +211,7 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, Failure& error
     if ((s.attention.load(std::memory_order_relaxed) & retired) == 0) {
       for (std::size_t i = 1; i < raw->blocks.size(); ++i) {
         raw->blocks[i].need = had;
+        if (waited) PoolCore::waited_here(s, block);
         s.free[size_class].push_back(&raw->blocks[i]);
       }
       s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + raw->blocks.size() - 1);
