@@ -4,6 +4,7 @@
 #include "pool_helpers.hpp"
 
 #include <thread>
+#include <vector>
 
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
@@ -128,6 +129,28 @@ TEST_CASE("a later thread that gets an exited thread's std::thread::id does not 
   CAPTURE(taken == dropped);
   INFO(first_hazard(fake));
   CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Found in review (2026-12-05): a drop that passed the unfenced bound of another thread's
+// per-thread default stream could not record the fence (only that thread may name the stream),
+// and asked nobody for it: while that thread only allocated, its stream's unfenced drops grew
+// without bound.
+TEST_CASE("drops past the unfenced bound of another thread's per-thread default stream ask that "
+          "thread's next call for a fence") {
+  auto options = test_options();
+  options.unfenced_bytes = 16 * 1024;
+  options.unfenced_us = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, other).reset();  // a second stream: the bound applies
+  std::vector<Bytes> made;
+  for (int i = 0; i < 8; ++i) made.push_back(Bytes::alloc_async(*pool, 4096, cudaStreamPerThread));
+  std::thread([&] { made.clear(); }).join();  // 32 KiB dropped on this thread's stream, elsewhere
+  REQUIRE(pool->stats().fences_recorded == 0);  // that thread may not name this thread's stream
+  auto next = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);  // this thread's next call
+  CHECK(pool->stats().fences_recorded == 1);
   fake.complete_all();
 }
 

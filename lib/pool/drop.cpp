@@ -30,7 +30,7 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
       b->need = s.need_now();
       s.free[b->size_class].push_front(b);
       s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + 1);
-      if (dropped_here(s, b->size) && s.addressable()) record_fence(s);  // the time bound
+      if (dropped_here(s, b->size)) fence_or_ask(s);  // the time bound
       s.lock.unlock();
       if (orphaned) count_down();
       return;
@@ -47,7 +47,7 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
       const bool orphaned = count_release(s, b);
       b->need = s.need_now();
       Block* oldest = shelve(s, b);
-      if (dropped_here(s, b->size) && s.addressable()) record_fence(s);
+      if (dropped_here(s, b->size)) fence_or_ask(s);
       s.lock.unlock();
       if (oldest != nullptr) to_arena(s, generation, oldest);
       if (orphaned) count_down();
@@ -127,7 +127,7 @@ void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
     u.free[b->size_class].push_front(b);
     u.set_free_blocks(u.free_blocks.load(std::memory_order_relaxed) + 1);
   }
-  if (dropped_here(u, b->size) && u.addressable()) record_fence(u);
+  if (dropped_here(u, b->size)) fence_or_ask(u);
   const std::uint32_t generation = u.generation.load(std::memory_order_relaxed);
   u.lock.unlock();
   if (large) to_arena(u, generation, b);

@@ -178,6 +178,14 @@ void PoolCore::fence_if_asked(StreamState& s) noexcept {
   }
 }
 
+void PoolCore::fence_or_ask(StreamState& s) noexcept {
+  if (s.addressable()) {
+    record_fence(s);
+  } else {
+    s.attention.fetch_or(wants_fence, std::memory_order_relaxed);
+  }
+}
+
 bool PoolCore::learn_covered(const Need& need) noexcept {
   if (covered(need)) return true;
   if (StreamState* s = need.timeline->stream) {

@@ -212,6 +212,9 @@ class PoolCore {
   static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
   // Records the fence another stream asked for, if any.
   void fence_if_asked(StreamState& s) noexcept;
+  // The fence policy wants a fence on s now: records it, or, where this thread may not name s
+  // (another thread's per-thread default stream), asks s's own thread's next call to. [s.lock]
+  void fence_or_ask(StreamState& s) noexcept;
 
   // Is the need covered, learning (querying its stream's fences) if it is not yet known? Takes
   // the stream's lock: call with no stream locked.

@@ -55,8 +55,8 @@ void PoolCore::to_arena(StreamState& s, std::uint32_t generation, Block* range) 
     s.lock.lock();
     if (need.timeline == &s.timeline && s.current(generation) &&
         s.timeline.recorded.load(std::memory_order_relaxed) == need.index &&
-        dropped_here(s, tainted) && s.addressable()) {
-      record_fence(s);
+        dropped_here(s, tainted)) {
+      fence_or_ask(s);
     }
     s.lock.unlock();
   }
