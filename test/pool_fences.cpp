@@ -440,3 +440,51 @@ TEST_CASE("a slab carved by waiting, for a stream retired meanwhile, keeps the r
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review (2026-12-05): the policy marked fence_every_free as a byte bound of 1, so
+// unfenced=1 fenced every drop of a one-stream program too; and it gave a stream with no byte
+// bound (unfenced=0) the limit of a one-stream program, which turned the time bound off as well.
+TEST_CASE("the byte and time bounds on unfenced drops are each their own: unfenced=1 is not "
+          "fence_every_free, and unfenced=0 keeps the time bound") {
+  SECTION("unfenced=1 records no fence on a program with one stream") {
+    const auto fences_on_one_stream = [](std::size_t unfenced_bytes, bool every_free) {
+      auto options = test_options();
+      options.unfenced_bytes = unfenced_bytes;
+      options.fence_every_free = every_free;
+      PoolOnFake pool(options);
+      cudaStream_t s = pool.fake().create_stream();
+      std::vector<Bytes> live;
+      for (int i = 0; i < 10; ++i) live.push_back(Bytes::alloc_async(*pool, 512, s));
+      live.clear();
+      return pool->stats().fences_recorded;
+    };
+    CHECK(fences_on_one_stream(2, false) == 0);
+    CHECK(fences_on_one_stream(1, false) == 0);
+    CHECK(fences_on_one_stream(std::size_t{256} << 10, true) == 10);  // fence_every_free: each
+  }
+  SECTION("unfenced=0 records fences by the time bound") {
+    const auto fences_after_slow_drops = [](std::size_t unfenced_bytes) {
+      auto options = test_options();
+      options.unfenced_bytes = unfenced_bytes;
+      options.unfenced_us = 1;
+      options.idle_ms = 0;
+      PoolOnFake pool(options);
+      cudaStream_t a = pool.fake().create_stream();
+      cudaStream_t b = pool.fake().create_stream();
+      Bytes::alloc_async(*pool, 512, b).reset();  // the pool has seen two streams
+      std::vector<Bytes> live;
+      for (int i = 0; i < 300; ++i) live.push_back(Bytes::alloc_async(*pool, 512, a));
+      const auto before = pool->stats().fences_recorded;
+      for (auto& buffer : live) {
+        buffer.reset();
+        // Past the 1 us bound before the next drop (the clock is read every 64 drops).
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(5);
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      }
+      return pool->stats().fences_recorded - before;
+    };
+    CHECK(fences_after_slow_drops(std::size_t{1} << 40) > 0);  // no byte bound reached either
+    CHECK(fences_after_slow_drops(0) > 0);
+  }
+}

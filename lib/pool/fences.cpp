@@ -17,15 +17,16 @@ std::int64_t now_ns() noexcept {
 
 FencePolicy FencePolicy::from(const PoolOptions& options) noexcept {
   FencePolicy p;
-  p.unfenced_bytes = options.fence_every_free ? 1 : options.unfenced_bytes;
+  p.every_free = options.fence_every_free;
+  p.unfenced_bytes = options.unfenced_bytes;
   p.unfenced_ns = static_cast<std::int64_t>(options.unfenced_us) * 1000;
   return p;
 }
 
 std::size_t FencePolicy::limit(bool several_streams) const noexcept {
-  if (unfenced_bytes == 1) return 1;  // fence_every_free: one stream or many
-  return several_streams && unfenced_bytes != 0 ? unfenced_bytes
-                                                : std::numeric_limits<std::size_t>::max();
+  if (every_free) return 1;
+  if (!several_streams) return unbounded;
+  return unfenced_bytes != 0 ? unfenced_bytes : no_byte_bound;
 }
 
 EventPool::~EventPool() {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -21,8 +22,10 @@ enum class FenceResult { recorded, synchronized, failed };
 
 // When a drop records a fence on its stream (besides being asked by another stream).
 struct FencePolicy {
-  // A drop that brings the stream's unfenced bytes to at least this records a fence (1 under
-  // fence_every_free: every drop).
+  // Every drop records a fence, on one stream or many (PoolOptions::fence_every_free).
+  bool every_free;
+  // With several streams, a drop that brings the stream's unfenced bytes to at least this records
+  // a fence (0: no bound in bytes).
   std::size_t unfenced_bytes;
   // A drop on a stream whose oldest unfenced drop is older than this records a fence (checked
   // every `clock_every` drops, and on slow paths).
@@ -32,8 +35,11 @@ struct FencePolicy {
   static FencePolicy from(const PoolOptions& options) noexcept;
 
   // The bound a stream gets, given whether the pool has seen more than one stream (or a stream
-  // retire): a program on one stream needs no fence at all.
+  // retire): a program on one stream needs no fence at all (unbounded, which also turns the time
+  // bound off); with several, no bound in bytes is no_byte_bound, and the time bound holds.
   std::size_t limit(bool several_streams) const noexcept;
+  static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t no_byte_bound = unbounded - 1;
 };
 
 // Idle fence events, kept because create + destroy costs ~0.4 us. Thread-safe.

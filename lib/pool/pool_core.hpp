@@ -209,7 +209,7 @@ class PoolCore {
     s.unfenced_bytes -= std::min(bytes, s.unfenced_bytes);
     if (s.unfenced_bytes == 0) s.unfenced_since_ns = 0;
   }
-  static constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t unbounded = FencePolicy::unbounded;  // one stream: no fence
   // Records the fence another stream asked for, if any.
   void fence_if_asked(StreamState& s) noexcept;
   // The fence policy wants a fence on s now: records it, or, where this thread may not name s
