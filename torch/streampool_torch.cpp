@@ -3,7 +3,7 @@
 //
 //   Layer            one per     holds                                       lock
 //   table            process     DevicePools by ordinal, made on first use   table mutex (to make)
-//   └─ DevicePool    device      AdjustableLimit → Device, MemoryPool        (both thread-safe)
+//   └─ DevicePool    device      ReservedLimit → Device, MemoryPool          (both thread-safe)
 //      ├─ shards     16          pointer → PooledBuffer handed to PyTorch    a mutex per shard
 //      └─ graphs     device      MempoolId → CapturePool + use count,        graphs mutex
 //                                captures to attach, pools released
@@ -12,7 +12,6 @@
 // interpreter shutdown, after static destructors may have run.
 #include "streampool_torch.h"
 
-#include "adjustable_limit.hpp"
 #include "testing.hpp"
 
 #include <streampool/capture_pool.hpp>
@@ -20,6 +19,7 @@
 #include <streampool/error.hpp>
 #include <streampool/memory_pool.hpp>
 #include <streampool/pooled_buffer.hpp>
+#include <streampool/reserved_limit.hpp>
 
 #include <algorithm>
 #include <array>
@@ -61,9 +61,9 @@ struct GraphPool {
 
 struct DevicePool {
   DevicePool(std::shared_ptr<Device> device, const PoolOptions& options)
-      : limit(std::make_shared<AdjustableLimit>(std::move(device))), pool(limit, options) {}
+      : limit(std::make_shared<ReservedLimit>(std::move(device))), pool(limit, options) {}
 
-  std::shared_ptr<AdjustableLimit> limit;
+  std::shared_ptr<ReservedLimit> limit;
   MemoryPool pool;
   std::array<Shard, shard_count> shards;
   std::atomic<std::uint64_t> failed{0};
@@ -440,7 +440,7 @@ int streampool_torch_get_stats(int device, streampool_torch_stats* out) {
     out->failed_allocations = d->failed.load(std::memory_order_relaxed);
     out->out_of_memory = d->out_of_memory.load(std::memory_order_relaxed);
     const std::size_t limit = d->limit->limit();
-    out->reserved_limit = limit == AdjustableLimit::none ? 0 : limit;
+    out->reserved_limit = limit == ReservedLimit::none ? 0 : limit;
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what());
@@ -511,7 +511,7 @@ int streampool_torch_set_memory_fraction(double fraction, int device) {
     std::size_t total_bytes = 0;
     throw_on_cuda_error(d.pool.device().mem_get_info(&free_bytes, &total_bytes),
                         "set_memory_fraction: cudaMemGetInfo");
-    d.limit->set_limit(fraction >= 1.0 ? AdjustableLimit::none
+    d.limit->set_limit(fraction >= 1.0 ? ReservedLimit::none
                                        : static_cast<std::size_t>(
                                              fraction * static_cast<double>(total_bytes)));
     return 0;

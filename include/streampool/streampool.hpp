@@ -13,6 +13,7 @@
 #include <streampool/pool_options.hpp>
 #include <streampool/pool_stats.hpp>
 #include <streampool/pooled_buffer.hpp>
+#include <streampool/reserved_limit.hpp>
 #include <streampool/trace_recorder.hpp>
 #include <streampool/stream_ops.hpp>
 #include <streampool/version.hpp>

@@ -1,13 +1,14 @@
-#include "reserved_limit.hpp"
+#include <streampool/reserved_limit.hpp>
 
-namespace streampool::detail {
+namespace streampool {
 
 template <class Key, class Allocate, class Undo>
 cudaError_t ReservedLimit::take(std::unordered_map<Key, std::size_t>& sizes, std::size_t bytes,
                                 Allocate&& allocate, Undo&& undo) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (bytes > limit_ || reserved_ > limit_ - bytes) return cudaErrorMemoryAllocation;
+    const std::size_t limit = this->limit();
+    if (bytes > limit || reserved_ > limit - bytes) return cudaErrorMemoryAllocation;
     reserved_ += bytes;  // held while the call runs, so that two threads cannot both pass
   }
   Key key{};
@@ -74,4 +75,4 @@ cudaError_t ReservedLimit::vm_release(VmHandle handle) noexcept {
   return status;
 }
 
-}  // namespace streampool::detail
+}  // namespace streampool

@@ -6,11 +6,11 @@
 #include "pool_core.hpp"
 
 #include "../device/nvtx_memory.hpp"
-#include "../device/reserved_limit.hpp"
 
 #include <streampool/error.hpp>
 #include <streampool/memory_pool.hpp>
 #include <streampool/pooled_buffer.hpp>
+#include <streampool/reserved_limit.hpp>
 #include <streampool/trace_recorder.hpp>
 
 #include <fmt/format.h>
@@ -67,7 +67,7 @@ MemoryPool::MemoryPool(std::shared_ptr<Device> device, PoolOptions options) {
   options = checked(std::move(options));
   // The reserved-memory limit is a layer over the device, not a branch in the pool.
   if (options.max_reserved_bytes != 0) {
-    device = std::make_shared<detail::ReservedLimit>(std::move(device), options.max_reserved_bytes);
+    device = std::make_shared<ReservedLimit>(std::move(device), options.max_reserved_bytes);
   }
   // So is compute-sanitizer's view of the blocks: outermost, so that it sees every segment.
   if (options.nvtx_memory) device = std::make_shared<detail::NvtxMemory>(std::move(device));

@@ -84,8 +84,13 @@ TEST_CASE("alloc of 0 bytes is null without an error; a failure is null with its
   }
 }
 
+// With expandable segments too (found in review, 2026-12-05: the layer's limit counted only
+// cudaMalloc's segments, so the fraction did nothing on virtual memory, the default).
 TEST_CASE("the memory fraction limits what a device's pool reserves") {
-  TorchOnFakes torch;
+  auto options = test_options();
+  options.expandable_segments = GENERATE(false, true);
+  CAPTURE(options.expandable_segments);
+  TorchOnFakes torch(options);
   FakeDevice& fake = torch.fake(0);
   cudaStream_t s = fake.create_stream();
   REQUIRE(streampool_torch_set_memory_fraction(0.25, 0) == 0);  // of 1 GiB
