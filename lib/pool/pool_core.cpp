@@ -160,6 +160,13 @@ void PoolCore::orphan() noexcept {
 void PoolCore::keep() noexcept {
   std::lock_guard<std::mutex> lock(keepers_mutex_);
   ++keepers_;
+  // Once orphaned, the count orphan() took is the one let_go() counts down: a keeper added
+  // since (a graph destroy CUDA refused, deferred) joins it. The caller holds a keep already,
+  // so the core cannot have reached zero.
+  if (orphaned_) {
+    STREAMPOOL_ASSERT(orphan_remaining_.load() > 0);
+    orphan_remaining_.fetch_add(1);
+  }
 }
 
 void PoolCore::let_go() noexcept {
