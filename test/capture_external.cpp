@@ -103,3 +103,28 @@ TEST_CASE("a capture prepared on the legacy stream is given up completely") {
   pool->trim(0);
   REQUIRE(fake.live_bytes() == 0);
 }
+
+// Found in review (2026-12-05): ~CapturePool ended a capture that was attached, and forgot one
+// that was prepared and never attached (a framework that gave up before its begin, without a
+// detach): the capture stayed counted for the process, and from then on no thread made a
+// cudaMalloc, a cudaFree or a device synchronize.
+TEST_CASE("a CapturePool destroyed with a capture prepared and not attached gives it up") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(cp, s, CaptureMode::global);
+  cp.reset();  // the framework gave up before its begin, without a detach
+  std::error_code error;
+  {
+    auto x = Bytes::try_alloc_async(*pool, 4 * MiB, o, error);  // a device allocation
+  }
+  INFO(error.message());
+  CHECK_FALSE(error);
+  // The stream is free for another capture with a pool.
+  auto again = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(again, s, CaptureMode::global);
+  auto graph = streampool::end_capture_with_pool(s, again);
+  CHECK(capture_status(fake, s) == CaptureStatus::none);
+}

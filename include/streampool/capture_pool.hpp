@@ -74,7 +74,8 @@ class STREAMPOOL_API CapturePool {
  public:
   explicit CapturePool(MemoryPool& source);
   // Drops the registered buffers in registration order, then returns the private memory. If a
-  // capture with this pool is still under way, ends it and discards what it captured.
+  // capture with this pool is still under way, ends it and discards what it captured; one only
+  // prepared (prepare_capture_with_pool, not attached) is given up, as detach does.
   ~CapturePool();
   CapturePool(const CapturePool&) = delete;
   CapturePool& operator=(const CapturePool&) = delete;

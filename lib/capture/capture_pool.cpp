@@ -167,6 +167,21 @@ void complete_graph_releases() noexcept { detail::complete_graph_releases_of(nul
 
 // --- CapturePool ----------------------------------------------------------------------------
 
+namespace {
+
+// Gives up a capture prepared and not attached: the stream, the claim and the note go.
+void unprepare(detail::CaptureBinding& binding) noexcept {
+  const detail::CaptureBinding::Capture capture = binding.capture();
+  // Nothing prepared: asked of the state, as the legacy stream's handle is null.
+  if (capture.active || capture.origin == nullptr) return;
+  detail::CaptureGate::of(binding.core())
+      .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
+  detail::note_capture_end(capture.mode, capture.thread);
+  binding.end_capture();  // nothing was dropped in it: only the claim and the record go
+}
+
+}  // namespace
+
 CapturePool::CapturePool(MemoryPool& source)
     : source_(source), binding_(new detail::CaptureBinding(source.core())) {
   detail::CaptureGate::of(source.core());
@@ -180,6 +195,8 @@ CapturePool::~CapturePool() {
     // refuses every end, the stream is let go anyway: nothing could end it through this pool.
     leave_capture(binding_->core(), capture.stream, end_attempts);
     unbind(*binding_);
+  } else {
+    unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)
   }
   clear_buffers();
   binding_->unref();
@@ -222,21 +239,6 @@ void CapturePool::clear_buffers() noexcept {
 }
 
 // --- capture ------------------------------------------------------------------------------
-
-namespace {
-
-// Gives up a capture prepared and not attached: the stream, the claim and the note go.
-void unprepare(detail::CaptureBinding& binding) noexcept {
-  const detail::CaptureBinding::Capture capture = binding.capture();
-  // Nothing prepared: asked of the state, as the legacy stream's handle is null.
-  if (capture.active || capture.origin == nullptr) return;
-  detail::CaptureGate::of(binding.core())
-      .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
-  detail::note_capture_end(capture.mode, capture.thread);
-  binding.end_capture();  // nothing was dropped in it: only the claim and the record go
-}
-
-}  // namespace
 
 CaptureNotice::CaptureNotice(CaptureMode mode, std::thread::id thread)
     : mode_(mode), thread_(thread) {
