@@ -91,3 +91,52 @@ TEST_CASE("a drop on one thread's per-thread stream is not adopted by another th
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review (2026-12-05): end_capture_with_pool compared handles, and cudaStreamPerThread
+// is another stream in every thread: called from another thread, its end failed in CUDA, and the
+// pool unbound the capture that was still under way in the first thread.
+TEST_CASE("ending a per-thread capture from another thread is refused, and leaves the capture "
+          "bound") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  cp->reserve(std::size_t{1} << 20);
+  std::promise<void> begun, tried;
+  std::error_code alloc_error;
+  streampool::CaptureStatus status_after = streampool::CaptureStatus::none;
+  bool own_end_ok = false;
+  std::thread a([&] {
+    streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::relaxed);
+    begun.set_value();
+    tried.get_future().wait();
+    fake.capture_info(cudaStreamPerThread, &status_after, nullptr);
+    { auto x = Bytes::try_alloc_async(*pool, 1000, cudaStreamPerThread, alloc_error); }
+    try {
+      CapturedGraph graph = streampool::end_capture_with_pool(cudaStreamPerThread, cp);
+      own_end_ok = true;
+    } catch (const streampool::Error&) {
+    }
+    if (!own_end_ok) {  // leave nothing capturing behind
+      cudaGraph_t graph = nullptr;
+      fake.end_capture(cudaStreamPerThread, &graph);
+      if (graph != nullptr) fake.graph_destroy(graph);
+    }
+  });
+  begun.get_future().wait();
+  streampool::Errc errc = streampool::Errc::success;
+  std::string what;
+  try {
+    CapturedGraph graph = streampool::end_capture_with_pool(cudaStreamPerThread, cp);
+  } catch (const streampool::Error& e) {
+    errc = e.errc();
+    what = e.what();
+  }
+  tried.set_value();
+  a.join();
+  INFO(what);
+  CHECK(errc == streampool::Errc::capture_mismatch);
+  CHECK(status_after == streampool::CaptureStatus::active);
+  INFO(alloc_error.message());
+  CHECK_FALSE(alloc_error);
+  CHECK(own_end_ok);
+}

@@ -350,7 +350,10 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   if (pool == nullptr) throw Error(Errc::invalid_value, "end_capture_with_pool: no pool");
   detail::CaptureBinding& binding = pool->binding();
   const detail::CaptureBinding::Capture capture = binding.capture();
-  if (!capture.active || capture.stream != stream) {
+  // The per-thread default stream is another stream in every other thread: only the thread
+  // that began the capture names its stream.
+  if (!capture.active || capture.stream != stream ||
+      (stream == cudaStreamPerThread && capture.thread != std::this_thread::get_id())) {
     throw Error(Errc::capture_mismatch,
                 "end_capture_with_pool: the stream is not being captured with this pool");
   }
