@@ -25,6 +25,20 @@ constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 
 std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
+// Found in review (2026-12-05): a PooledBuffer of a type aligned to more than the pool's blocks
+// are handed out pointers misaligned for it (the pool promises 256 B). Now such a type cannot name
+// a PooledBuffer at all.
+template <class T>
+constexpr bool holdable = requires { typename PooledBuffer<T>; };
+struct alignas(256) AtTheBound {
+  std::byte bytes[256];
+};
+struct alignas(512) PastTheBound {
+  std::byte bytes[512];
+};
+static_assert(holdable<std::byte> && holdable<double> && holdable<AtTheBound>);
+static_assert(!holdable<PastTheBound>, "the pool's blocks are aligned to 256 B only");
+
 // Orders `waiter` after the work enqueued on `first` so far, as a user would with an event.
 void order_after(FakeDevice& fake, cudaStream_t waiter, cudaStream_t first) {
   cudaEvent_t event = nullptr;

@@ -46,6 +46,12 @@ class PoolCore;
 struct Block;
 }  // namespace detail
 
+// What every allocation of a pool is aligned to: CUDA aligns its allocations to 256 B, and the
+// pool's block sizes and offsets are multiples of its alignment option (at least 256 B). A larger
+// alignment option makes block sizes coarser but aligns blocks no further than the segment they
+// are cut from.
+inline constexpr std::size_t block_alignment = 256;
+
 class STREAMPOOL_API MemoryPool {
  public:
   // Throws Error(Errc::invalid_value) for bad options (or a bad STREAMPOOL_CONF).
@@ -62,7 +68,8 @@ class STREAMPOOL_API MemoryPool {
   // caused names the call and keeps CUDA's value (Error::cuda_error()). With expandable segments,
   // an allocation that grows the pool may first wait on the CPU for the work queued on `stream`,
   // where only that work keeps memory the stream freed from being mapped again for it
-  // (PoolStats::growth_waits; docs/design.md, "Waiting for one's own").
+  // (PoolStats::growth_waits; docs/design.md, "Waiting for one's own"). Aligned to
+  // block_alignment.
   void* allocate(std::size_t bytes, cudaStream_t stream);
   // The same, reporting failure through `error` and returning nullptr.
   void* try_allocate(std::size_t bytes, cudaStream_t stream, std::error_code& error) noexcept;

@@ -38,7 +38,10 @@ STREAMPOOL_API Block* allocate_block_or_throw(MemoryPool& pool, std::size_t byte
                                               cudaStream_t stream);
 }  // namespace detail
 
+// An element type whose alignment is more than the pool's blocks have (block_alignment) cannot be
+// held: its pointers would be misaligned.
 template <class T>
+  requires(alignof(T) <= block_alignment)
 class PooledBuffer {
   static_assert(std::is_trivially_copyable_v<T>,
                 "PooledBuffer holds device memory: its element type must be trivially copyable");

@@ -79,6 +79,8 @@ class ThrustAllocator {
       : pool_(other.pool_), stream_(other.stream_), system_(other.stream_) {}
 
   pointer allocate(size_type n) {
+    static_assert(alignof(T) <= block_alignment,
+                  "the pool's memory is aligned to block_alignment: T needs more");
     if (n == 0) return pointer();
     if (n > std::numeric_limits<size_type>::max() / sizeof(T)) {
       throw Error(Errc::invalid_value, "ThrustAllocator::allocate of " + std::to_string(n) +
