@@ -561,3 +561,34 @@ TEST_CASE("a private buffer recorded on another stream is reused only after that
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review (2026-12-05): the gate adopted a buffer dropped during a capture only when its
+// own stream was the captured one; one that record_stream named the captured stream for, dropped
+// on its own stream, was fenced on the capturing stream (which records no fence) and went back
+// to the cache while the graph could still replay into it.
+TEST_CASE("a buffer recorded on the captured stream and dropped during the capture is not "
+          "handed out while the graph may replay") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t o = fake.create_stream();
+  std::optional<Bytes> x(Bytes::alloc_async(*pool, 4096, o));
+  write_on(fake, o, *x);
+  fake_test::order_after(fake, s, o);  // s's work follows o's
+  void* x_ptr = x->data();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  fake.launch(s, {{x->data(), x->byte_size(), true}});  // the graph writes x
+  x->record_stream(s);
+  x.reset();  // on o, during the capture
+  CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
+  fake.complete_all();
+  pool->trim(std::size_t{1} << 40);  // learns what completed; keeps the memory
+  auto y = Bytes::alloc_async(*pool, 4096, o);
+  write_on(fake, o, y);
+  graph.launch(s);
+  INFO(first_hazard(fake));
+  CHECK(static_cast<void*>(y.data()) != x_ptr);
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}

@@ -195,12 +195,16 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noe
   unref();
 }
 
-void CaptureBinding::adopt(Block* b, UseSpan uses) noexcept {
+void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcept {
   const Capture now = capture();
   std::vector<Need> needs;
-  // The first use is the captured stream's: its work before the capture is covered by the fence
-  // recorded when the capture began. The others are fenced now.
-  bool listed = core_.fence_uses(uses.empty() ? uses : uses.subspan(1), needs);
+  // The captured stream's work before the capture is covered by the fence recorded when the
+  // capture began. The other uses are fenced now.
+  bool listed = captured == 0
+                    ? core_.fence_uses(uses.empty() ? uses : uses.subspan(1), needs)
+                    : core_.fence_uses(uses.first(captured), needs) &&
+                          (captured + 1 == uses.size() ||
+                           core_.fence_uses(uses.subspan(captured + 1), needs));
   try {
     if (listed && now.before.timeline != nullptr) needs.push_back(now.before);
     std::lock_guard<std::mutex> lock(mutex_);

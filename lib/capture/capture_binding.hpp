@@ -46,9 +46,10 @@ class CaptureBinding {
   // A private piece dropped on `stream` (the gate's take_drop), still counted live.
   void drop_piece(Block* block, cudaStream_t stream,
                   UseSpan uses) noexcept;
-  // A shared block dropped on the captured stream during the capture, still counted live: kept
-  // until the binding goes.
-  void adopt(Block* block, UseSpan uses) noexcept;
+  // A shared block dropped during the capture on the captured stream, or on another that
+  // record_stream named the captured stream for (uses[captured] is the captured stream's use),
+  // still counted live: kept until the binding goes.
+  void adopt(Block* block, UseSpan uses, std::size_t captured = 0) noexcept;
 
   // The capture under way, if any.
   struct Capture {

@@ -102,9 +102,19 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     // under a new state: the same stream, so the same capture.
     binding = per_thread_here();
   }
+  // Or a stream that record_stream named: the buffer's own stream is not captured, but the
+  // captured one was told to use it (found in review, 2026-12-05: fenced on the capturing stream,
+  // which records no fence, it went back to the cache while the graph could still replay).
+  std::size_t captured = 0;  // which use is the captured stream's
+  for (std::size_t i = 1; binding == nullptr && i < uses.size(); ++i) {
+    const StreamState* use = uses[i].state;
+    if (use == nullptr || !use->current(uses[i].generation)) continue;
+    binding = by_key(key_of(use->handle, use));
+    captured = i;
+  }
   if (binding == nullptr) return false;
   const bool into = binding->capture().active;
-  if (into) binding->adopt(block, uses);
+  if (into) binding->adopt(block, uses, captured);
   binding->unref();
   return into;
 }
