@@ -426,13 +426,14 @@ TEST_CASE("a private piece dropped in a later capture keeps the needs of its ord
   fake.complete_all();
 }
 
-// Found in review (2026-12-05). PoolCore::keep() after the MemoryPool is gone (orphan) raises keepers_ but not
-// orphan_remaining_, while the matching let_go() counts down: a graph handle whose destroy CUDA
-// refused once, after its MemoryPool went, makes the core destroy itself while the CapturePool's
-// binding still uses it (a use after free once the frees succeed; here they are refused, so the
-// core waits in the graveyard and the test can see the early destruction).
-TEST_CASE("a refused graph-exec destroy after the MemoryPool went does not destroy the "
-          "pool's core while its CapturePool still holds it") {
+// Found in review (2026-12-05): PoolCore::keep() after the MemoryPool was gone (orphaned) raised
+// the keepers but not the orphan's count, which the matching let_go() counted down: a graph
+// destroy that CUDA refused (and the library deferred) after the MemoryPool went destroyed the
+// core while the CapturePool's binding still used it, a use after free once the frees succeed.
+// Here they are refused, so that the core waits in the graveyard and the test sees it begin.
+TEST_CASE("a graph destroy CUDA refused after the MemoryPool went does not destroy the pool's "
+          "core while its CapturePool holds it") {
+  using Call = FakeDevice::Call;
   CompleteReleasesAtExit complete;
   auto fake = std::make_shared<FakeDevice>();
   auto pool = std::make_unique<streampool::MemoryPool>(fake, test_options());
@@ -443,53 +444,34 @@ TEST_CASE("a refused graph-exec destroy after the MemoryPool went does not destr
   capture->record_buffer(SyncProbe(fake.get(), &syncs_when_owner_died));
   streampool::begin_capture_with_pool(capture, s);
   fake->launch(s);
-  std::optional<CapturedGraph> graph(streampool::end_capture_with_pool(s, capture));
-  capture.reset();
-  pool.reset();  // orphaned: the core lives on for the CapturePool's binding
-
-  fake->fail_next(FakeDevice::Call::graph_exec_destroy, 1);  // deferred: keep() on the orphaned core
-  fake->fail_next(FakeDevice::Call::free, 1000);  // an early destruction then waits instead of freeing
-  const std::uint64_t syncs_before = fake->calls(FakeDevice::Call::device_synchronize);
-  graph.reset();  // retried at its safe point: the graph's release and the let_go() run
+  std::optional<CapturedGraph> graph;
+  std::uint64_t syncs_before = 0;
+  SECTION("the graph's exec, destroyed with the CapturedGraph") {
+    graph.emplace(streampool::end_capture_with_pool(s, capture));
+    capture.reset();
+    pool.reset();  // orphaned: the core lives on for the CapturePool's binding
+    fake->fail_next(Call::graph_exec_destroy, 1);  // deferred: keep() on the orphaned core
+    fake->fail_next(Call::free, 1000);  // an early destruction then waits instead of freeing
+    syncs_before = fake->calls(Call::device_synchronize);
+    graph.reset();  // retried at its safe point: the graph's release and the let_go() run
+  }
+  SECTION("the graph, destroyed at the end of a capture whose MemoryPool went during it") {
+    pool.reset();  // mid-capture: the core waits for the binding
+    fake->fail_next(Call::graph_destroy, 1);  // end_capture_with_pool's destroy: deferred
+    fake->fail_next(Call::free, 1000);
+    syncs_before = fake->calls(Call::device_synchronize);
+    graph.emplace(streampool::end_capture_with_pool(s, capture));
+    capture.reset();
+    graph->launch(s);
+    fake->complete_all();
+    graph.reset();
+  }
   // The CapturePool's owners go before its private memory, and that before the core: the core's
   // destruction (a device synchronize) must not have begun when the owner went.
   CHECK(syncs_when_owner_died == syncs_before);
 
-  fake->fail_next(FakeDevice::Call::free, 0);
+  fake->fail_next(Call::free, 0);
   streampool::complete_graph_releases();
   { streampool::MemoryPool next(fake, test_options()); }  // a safe point buries the core
-  CHECK(fake->live_bytes() == 0);
-}
-
-// Same defect, through end_capture_with_pool: the MemoryPool goes mid-capture and CUDA refuses
-// the graph's destroy after instantiation.
-TEST_CASE("a refused graph destroy at the end of a capture whose MemoryPool went does not "
-          "destroy the core early") {
-  CompleteReleasesAtExit complete;
-  auto fake = std::make_shared<FakeDevice>();
-  auto pool = std::make_unique<streampool::MemoryPool>(fake, test_options());
-  cudaStream_t s = fake->create_stream();
-  auto capture = std::make_shared<CapturePool>(*pool);
-  capture->reserve(MiB);
-  std::uint64_t syncs_when_owner_died = ~std::uint64_t{0};
-  capture->record_buffer(SyncProbe(fake.get(), &syncs_when_owner_died));
-  streampool::begin_capture_with_pool(capture, s);
-  fake->launch(s);
-  pool.reset();  // mid-capture: the core waits for the binding
-  fake->fail_next(FakeDevice::Call::graph_destroy, 1);  // end_capture_with_pool's destroy: deferred, keep()
-  // Without this the early destruction deletes the core, and the next CapturedGraph call reads
-  // it: a SIGSEGV in the Debug build (moving the returned CapturedGraph is a safe point already).
-  fake->fail_next(FakeDevice::Call::free, 1000);
-  const std::uint64_t syncs_before = fake->calls(FakeDevice::Call::device_synchronize);
-  std::optional<CapturedGraph> graph(streampool::end_capture_with_pool(s, capture));
-  capture.reset();
-  graph->launch(s);
-  fake->complete_all();
-  graph.reset();
-  CHECK(syncs_when_owner_died == syncs_before);
-
-  fake->fail_next(FakeDevice::Call::free, 0);
-  streampool::complete_graph_releases();
-  { streampool::MemoryPool next(fake, test_options()); }
   CHECK(fake->live_bytes() == 0);
 }
