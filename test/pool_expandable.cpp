@@ -624,24 +624,19 @@ void wait_for_own_while(int what) {
   std::shared_future<void> done;
   pool.device->before_next(Call::event_synchronize, [&] {
     done = on_own_thread([&] {
-      std::error_code error;
+      // A buffer another thread allocates, writes and keeps.
+      const auto keep_one = [&](std::size_t bytes, cudaStream_t stream) {
+        std::error_code error;
+        auto x = Bytes::try_alloc_async(*pool, bytes, stream, error);
+        if (!x.is_empty()) write_on(fake, stream, x);
+        std::lock_guard<std::mutex> lock(kept_mutex);
+        kept.push_back(std::move(x));
+      };
       switch (what) {
         case 0: pool->trim(0); break;
         case 1: pool->release_stream(a); break;
-        case 2: {
-          auto x = Bytes::try_alloc_async(*pool, 20 * MiB, a, error);
-          if (!x.is_empty()) write_on(fake, a, x);
-          std::lock_guard<std::mutex> lock(kept_mutex);
-          kept.push_back(std::move(x));
-          break;
-        }
-        case 3: {
-          auto x = Bytes::try_alloc_async(*pool, 30 * MiB, b, error);
-          if (!x.is_empty()) write_on(fake, b, x);
-          std::lock_guard<std::mutex> lock(kept_mutex);
-          kept.push_back(std::move(x));
-          break;
-        }
+        case 2: keep_one(20 * MiB, a); break;
+        case 3: keep_one(30 * MiB, b); break;
         case 4: {
           other.reset();
           fake.complete(b);
