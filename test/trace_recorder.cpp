@@ -262,6 +262,46 @@ TEST_CASE("stream ids: one per handle, a new one after release_stream, one per t
   CHECK(streampool::trace_status(*pool).threads == 2);
 }
 
+// Found in review (2026-12-05): the recorder told threads, and their per-thread default streams,
+// apart by std::thread::id, which glibc hands an exited thread's to the next thread it starts.
+// The later thread's lines then named the exited thread and its stream, and a replay treated the
+// two per-thread streams as one (a block freed on one handed to the other with no fence).
+TEST_CASE("a later thread that gets an exited thread's std::thread::id is another thread and "
+          "another cudaStreamPerThread in the trace",
+          "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("reused_id.csv");
+  PoolOnFake pool(recording(path));
+  std::thread::id first_id;
+  std::thread([&] {
+    first_id = std::this_thread::get_id();
+    Bytes::alloc_async(*pool, 256, cudaStreamPerThread).reset();
+  }).join();
+  bool same_id = false;
+  for (int attempt = 0; attempt < 100 && !same_id; ++attempt) {
+    std::thread([&] {
+      if (std::this_thread::get_id() != first_id) return;
+      same_id = true;
+      Bytes::alloc_async(*pool, 256, cudaStreamPerThread).reset();
+    }).join();
+  }
+  if (!same_id) {
+    WARN("no later thread got the first thread's std::thread::id here: the case is not tried");
+    return;
+  }
+  streampool::flush_trace(*pool);
+  const auto lines = read_lines(path);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0].thread == lines[1].thread);
+  CHECK(lines[2].thread == lines[3].thread);
+  CHECK(lines[0].thread != lines[2].thread);
+  CHECK(lines[0].stream == lines[1].stream);
+  CHECK(lines[2].stream == lines[3].stream);
+  CHECK(lines[0].stream != lines[2].stream);
+  CHECK(streampool::trace_status(*pool).streams == 2);
+  CHECK(streampool::trace_status(*pool).threads == 2);
+}
+
 TEST_CASE("allocations a CapturePool serves during a capture are recorded", "[trace][capture]") {
   TempDir dir;
   const std::string path = dir.file("capture.csv");

@@ -3,6 +3,7 @@
 #include "trace_recorder.hpp"
 
 #include "../pool/pool_core.hpp"
+#include "../pool/stream_state.hpp"
 
 #include <streampool/error.hpp>
 
@@ -50,7 +51,7 @@ constexpr std::string_view header = "Thread,Time,Action,Pointer,Size,Stream\n";
 }  // namespace
 
 std::size_t TraceRecorder::StreamKeyHash::operator()(const StreamKey& key) const noexcept {
-  return std::hash<const void*>()(key.first) ^ (std::hash<std::thread::id>()(key.second) << 1);
+  return std::hash<const void*>()(key.first) ^ (std::hash<std::uint64_t>()(key.second) << 1);
 }
 
 TraceRecorder::~TraceRecorder() {
@@ -183,7 +184,7 @@ void TraceRecorder::closing() noexcept {
 }
 
 TraceRecorder::StreamKey TraceRecorder::key_of(cudaStream_t stream) noexcept {
-  return {stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
+  return {stream, stream == cudaStreamPerThread ? this_thread_token() : 0};
 }
 
 std::uint32_t TraceRecorder::stream_id(const StreamKey& key) {
@@ -194,7 +195,7 @@ std::uint32_t TraceRecorder::stream_id(const StreamKey& key) {
 }
 
 std::uint32_t TraceRecorder::thread_id() {
-  const auto [it, inserted] = threads_.try_emplace(std::this_thread::get_id(),
+  const auto [it, inserted] = threads_.try_emplace(this_thread_token(),
                                                    static_cast<std::uint32_t>(status_.threads));
   if (inserted) ++status_.threads;
   return it->second;

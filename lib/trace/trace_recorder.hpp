@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -50,8 +49,9 @@ class TraceRecorder final : public Observer {
 
  private:
   // A stream as the file tells streams apart: its handle, and for cudaStreamPerThread the thread
-  // (another stream in each).
-  using StreamKey = std::pair<cudaStream_t, std::thread::id>;
+  // (another stream in each), named by its token (this_thread_token(): never another thread's,
+  // as an exited thread's std::thread::id is); 0 for every other handle.
+  using StreamKey = std::pair<cudaStream_t, std::uint64_t>;
   struct StreamKeyHash {
     std::size_t operator()(const StreamKey& key) const noexcept;
   };
@@ -83,7 +83,7 @@ class TraceRecorder final : public Observer {
   bool pool_closed_ = false;  // the MemoryPool object is gone: each line is written at once
   std::unordered_map<const void*, Live> live_;
   std::unordered_map<StreamKey, std::uint32_t, StreamKeyHash> streams_;
-  std::unordered_map<std::thread::id, std::uint32_t> threads_;
+  std::unordered_map<std::uint64_t, std::uint32_t> threads_;  // by this_thread_token()
 };
 
 }  // namespace streampool::detail
