@@ -116,6 +116,13 @@ int fail(std::string message, bool out_of_memory = false) noexcept {
   return -1;
 }
 
+// Whether an allocation of `size` bytes asks for memory: not for 0 (null, as PyTorch's own
+// allocator answers). Throws Error(invalid_value) for a negative size.
+bool wants_memory(ssize_t size) {
+  if (size < 0) throw Error(Errc::invalid_value, "negative size " + std::to_string(size));
+  return size != 0;
+}
+
 // The pool of `device`, made on first use. Throws Error when it cannot be made.
 DevicePool& pool_of(int device) {
   if (device < 0 || device >= max_devices) {
@@ -178,7 +185,7 @@ void attach_prepared(DevicePool& d) {
 }
 
 void* allocate(ssize_t size, int device, cudaStream_t stream) {
-  if (size <= 0) return nullptr;
+  if (!wants_memory(size)) return nullptr;
   DevicePool& d = pool_of(device);
   const RelaxedCaptureMode relaxed;
   attach_prepared(d);
@@ -244,7 +251,7 @@ cudaStream_t segment_stream_of(DevicePool& d) {
 }
 
 void* allocate_segment(ssize_t size, int device, cudaStream_t stream) {
-  if (size <= 0) return nullptr;
+  if (!wants_memory(size)) return nullptr;
   DevicePool& d = pool_of(device);
   CaptureStatus status = CaptureStatus::none;
   throw_on_cuda_error(d.pool.device().capture_info(stream, &status, nullptr),

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Stream-ordered allocation on `device`'s pool, usable by work on `stream` at once. Null for
- * size 0, and on failure (the reason in streampool_torch_last_error). The null-on-failure form is
+ * size 0, and on failure (the reason in streampool_torch_last_error; a negative size is one). The null-on-failure form is
  * the one torch.cuda.MemPool needs: PyTorch's own cache takes null as out of memory, empties its
  * cache and retries. */
 STREAMPOOL_TORCH_API void* streampool_torch_alloc(ssize_t size, int device, cudaStream_t stream);

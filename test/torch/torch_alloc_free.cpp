@@ -82,6 +82,21 @@ TEST_CASE("alloc of 0 bytes is null without an error; a failure is null with its
     REQUIRE(streampool_torch_last_error_was_out_of_memory() == 0);
     REQUIRE(streampool_torch_alloc(256, -1, s) == nullptr);
   }
+  // Found in review (2026-12-05): a negative size was null with no reason (the last error of an
+  // earlier call stayed), and the throwing form returned null, which PyTorch uses unchecked.
+  SECTION("a negative size") {
+    REQUIRE(streampool_torch_alloc(256, 64, s) == nullptr);  // an earlier error, not this one's
+    REQUIRE(streampool_torch_alloc(-1, 0, s) == nullptr);
+    REQUIRE(std::string(streampool_torch_last_error()).find("negative size -1") !=
+            std::string::npos);
+    REQUIRE(streampool_torch_last_error_was_out_of_memory() == 0);
+    REQUIRE_THROWS_WITH(streampool_torch_alloc_or_throw(-5, 0, s),
+                        Catch::Contains("negative size -5"));
+    REQUIRE(streampool_torch_segment_alloc(-1, 0, s) == nullptr);
+    REQUIRE(std::string(streampool_torch_last_error()).find("negative size -1") !=
+            std::string::npos);
+    REQUIRE(torch.stats(0).live_allocations_current == 0);
+  }
 }
 
 // With expandable segments too (found in review, 2026-12-05: the layer's limit counted only
