@@ -28,9 +28,9 @@ extern "C" {
 #endif
 
 /* Stream-ordered allocation on `device`'s pool, usable by work on `stream` at once. Null for
- * size 0, and on failure (the reason in streampool_torch_last_error; a negative size is one). The null-on-failure form is
- * the one torch.cuda.MemPool needs: PyTorch's own cache takes null as out of memory, empties its
- * cache and retries. */
+ * size 0, and on failure (the reason in streampool_torch_last_error; a negative size is one).
+ * The null-on-failure form is the one torch.cuda.MemPool needs: PyTorch's own cache takes null
+ * as out of memory, empties its cache and retries. */
 STREAMPOOL_TORCH_API void* streampool_torch_alloc(ssize_t size, int device, cudaStream_t stream);
 /* The same (null for size 0), but a failure throws std::runtime_error with the reason: for
  * torch.cuda.memory.change_current_allocator, where PyTorch uses the pointer it gets unchecked
