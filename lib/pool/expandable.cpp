@@ -236,18 +236,9 @@ void LargeTier::split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept
     delete_block(rest);
     return;
   }
-  *rest = Block{};
-  rest->ptr = hole->ptr + bytes;
-  rest->size = hole->size - bytes;
-  rest->large = true;
+  split_at(hole, rest, hole->ptr + bytes);
   rest->free = false;
   rest->hole = true;
-  rest->segment = hole->segment;
-  rest->before = hole;
-  rest->after = hole->after;
-  if (hole->after != nullptr) hole->after->before = rest;
-  hole->after = rest;
-  hole->size = bytes;
 }
 
 void LargeTier::keep_leftover(Block* hole, const Leftover& left) noexcept {
@@ -489,25 +480,12 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     if (!handle_released) keep_unreleased(unreleased_, m);
     // r becomes [r->ptr, begin) clean + the hole [begin, end) + [end, ...) clean.
     unindex(r);
-    const auto split = [&](Block* range, Block* piece, std::byte* at) {
-      *piece = Block{};
-      piece->ptr = at;
-      piece->size = static_cast<std::size_t>(range->ptr + range->size - at);
-      piece->large = true;
-      piece->segment = &segment;
-      piece->before = range;
-      piece->after = range->after;
-      if (range->after != nullptr) range->after->before = piece;
-      range->after = piece;
-      range->size -= piece->size;
-      return piece;
-    };
     if (left != nullptr) {
-      Block* hole = split(r, left, begin);
+      Block* hole = split_at(r, left, begin);
       index(r);
       r = hole;
     }
-    if (right != nullptr) index(split(r, right, end));
+    if (right != nullptr) index(split_at(r, right, end));
     r->free = false;
     r->hole = true;
     r->need = {};

@@ -272,6 +272,20 @@ void LargeTier::absorb_next(Block* range) noexcept {
   delete_block(next);
 }
 
+Block* LargeTier::split_at(Block* range, Block* piece, std::byte* at) noexcept {
+  STREAMPOOL_ASSERT(range->ptr < at && at < range->ptr + range->size);
+  piece->ptr = at;
+  piece->size = static_cast<std::size_t>(range->ptr + range->size - at);
+  piece->large = true;
+  piece->segment = range->segment;
+  piece->before = range;
+  piece->after = range->after;
+  if (range->after != nullptr) range->after->before = piece;
+  range->after = piece;
+  range->size -= piece->size;
+  return piece;
+}
+
 Block* LargeTier::waitable(StreamState& s, std::size_t bytes) noexcept {
   // A range of another stream whose fence is recorded but pending is s's once s waits on it.
   if (!s.addressable()) return nullptr;
@@ -499,16 +513,8 @@ Block* LargeTier::cut(Block* range, std::size_t bytes) noexcept {
     } catch (const std::bad_alloc&) {
     }
     if (rest != nullptr) {
-      rest->ptr = range->ptr + bytes;
-      rest->size = range->size - bytes;
-      rest->large = true;
-      rest->segment = range->segment;
+      split_at(range, rest, range->ptr + bytes);
       rest->need = range->need;
-      rest->before = range;
-      rest->after = range->after;
-      if (range->after != nullptr) range->after->before = rest;
-      range->after = rest;
-      range->size = bytes;
       index(rest);
     }
   }

@@ -186,6 +186,10 @@ class LargeTier {
   void sweep() noexcept;  // covered owned ranges to the clean index
   // `range` takes in the range after it, which is free and in no index.
   void absorb_next(Block* range) noexcept;
+  // The reverse: `piece` (a block fresh from new_block) becomes the addresses of `range` from
+  // `at` on, linked after it; `range` keeps those before `at`. The piece's state (free, hole,
+  // need, index) is the caller's to set. Returns `piece`.
+  static Block* split_at(Block* range, Block* piece, std::byte* at) noexcept;
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
   void index(Block* range) noexcept;
   void unindex(Block* range) noexcept;
