@@ -277,3 +277,38 @@ TEST_CASE("release_stream waits for its own stream's work, not for the work of a
   CHECK(fake.pending_work() == pending_on_c);  // C's write is still pending
   fake.complete_all();
 }
+
+// Found in review (2026-12-05). release_stream waits for the released stream's work holding no
+// lock. But its last fence is recorded by StreamRegistry::release -> empty_retired ->
+// record_fence, under the registry mutex and the state's lock, and where no event could be had
+// record_fence fell back to a stream synchronize right there: every other thread's lookup of a
+// stream it has not cached (a new stream, a cache miss) then waited for the released stream's
+// work. Work that needs such a thread to make progress (a kernel waiting for a flag the host sets
+// after allocating) would deadlock.
+TEST_CASE("release_stream where no event can be had for its fence waits for the stream holding "
+          "no lock") {
+  auto options = test_options();
+  options.idle_ms = 0;
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    write_on(fake, a, x);  // pending when release_stream waits
+  }
+  bool other_went_on = false;
+  std::shared_future<void> other;
+  pool.device->before_next(Call::stream_synchronize, [&] {
+    // Another thread, meanwhile, allocates on a stream of its own, unrelated to `a`.
+    other = on_own_thread([&] { Bytes::alloc_async(*pool, 4096, c).reset(); },
+                          std::chrono::milliseconds(1000));
+    other_went_on = other.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  fake.fail_next(Call::event_create);  // no event for release_stream's fence
+  pool->release_stream(a);
+  REQUIRE(pool.device->fired() == 1);
+  other.get();
+  CHECK(other_went_on);
+  fake.complete_all();
+}

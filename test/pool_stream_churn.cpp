@@ -224,3 +224,44 @@ TEST_CASE("a stream used only through record_stream is not forgotten while a buf
   REQUIRE(fake.calls(FakeDevice::Call::device_synchronize) == syncs);
   REQUIRE(fake.hazards().empty());
 }
+
+// Found in review (2026-12-05). StreamRegistry::retire_idle retires streams that "neither
+// allocated nor dropped anything" for a period (stream_registry.hpp, design.md "Streams",
+// PoolOptions::idle_ms). Its measure, StreamCounters::activity(), counted a drop on the block's
+// home stream only: a stream that buffers are freed on (deallocate on another stream than the
+// allocation's, as cudaFreeAsync allows) was seen idle while frees kept landing on it, and
+// retired as if destroyed (no fence allowed): what was freed on it waited for a device
+// synchronize, and the stream's own next allocation could not take back what it just freed.
+TEST_CASE("a stream that buffers are freed on is not forgotten as idle while frees land "
+          "on it") {
+  auto options = one_block_slabs();
+  options.idle_ms = 1;
+  options.large_shelf = 0;  // every large allocation takes the slow path, where idleness is seen
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  constexpr int periods = 4;
+  std::vector<void*> made;
+  for (int i = 0; i < periods; ++i) made.push_back(pool->allocate(4096, a));
+  void* last_freed = nullptr;
+  for (int period = 0; period < periods; ++period) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    // A free on b in every period: b is not idle. (The caller ordered b after a; b uses it.)
+    fake.launch(b, {{made[period], 4096, true}});
+    pool->deallocate(made[period], 4096, b);
+    last_freed = made[period];
+    // Slow paths on a: enough that the thread's clock is read in this period (every 16th).
+    for (int i = 0; i < 20; ++i) pool->deallocate(pool->allocate(MiB, a), MiB, a);
+  }
+  // b's work is still pending: its own next allocation may take what was freed on it at once
+  // (stream order), as any stream's does.
+  const auto misses = pool->stats().cache_misses;
+  void* again = pool->allocate(4096, b);
+  fake.launch(b, {{again, 4096, true}});
+  CHECK(pool->stats().cache_misses == misses);
+  CHECK(again == last_freed);
+  CHECK(fake.hazards().empty());
+  pool->deallocate(again, 4096, b);
+  fake.complete_all();
+}

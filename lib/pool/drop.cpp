@@ -121,6 +121,7 @@ void PoolCore::place(Block* b, UseSpan uses) noexcept {
 
 void PoolCore::keep_on(StreamState& u, Block* b) noexcept {
   b->need = u.need_now();
+  ++u.counters.kept_drops;  // u is in use, if only by frees of other streams' blocks
   const bool large = b->large;  // once u is unlocked, a small block may be another thread's
   if (!large) {
     b->free = true;

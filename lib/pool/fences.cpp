@@ -60,7 +60,7 @@ void EventPool::give(cudaEvent_t event) noexcept {
   }
 }
 
-FenceResult PoolCore::record_fence(StreamState& s) noexcept {
+FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   STREAMPOOL_ASSERT(s.addressable());
   STREAMPOOL_ASSERT((s.attention.load(std::memory_order_relaxed) & retired) == 0);
   // A fence recorded on a capturing stream would belong to the graph (and never complete here).
@@ -87,16 +87,12 @@ FenceResult PoolCore::record_fence(StreamState& s) noexcept {
     ++s.counters.fences;
   } else {
     // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
-    if (!calls_allowed(Restricted::stream_sync) ||
+    if (!may_block || !calls_allowed(Restricted::stream_sync) ||
         device_->stream_synchronize(s.handle) != cudaSuccess) {
       return FenceResult::failed;
     }
     s.timeline.recorded.store(index + 1, std::memory_order_release);
-    s.timeline.completed.store(index + 1, std::memory_order_release);
-    for (const Fence& fence : s.fences) {
-      if (fence.event != nullptr) events_.give(fence.event);
-    }
-    s.fences.clear();
+    complete_through(s, index);
     ++s.counters.blocking;
     result = FenceResult::synchronized;
   }
@@ -164,6 +160,17 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
     s.lock.unlock();
   }
   return done;
+}
+
+void PoolCore::complete_through(StreamState& s, std::uint64_t index) noexcept {
+  STREAMPOOL_ASSERT(index < s.timeline.recorded.load(std::memory_order_relaxed));
+  while (!s.fences.empty() && s.fences.front().index <= index) {
+    if (s.fences.front().event != nullptr) events_.give(s.fences.front().event);
+    s.fences.pop_front();
+  }
+  if (s.timeline.completed.load(std::memory_order_relaxed) <= index) {
+    s.timeline.completed.store(index + 1, std::memory_order_release);
+  }
 }
 
 const Fence* PoolCore::fence_at(const StreamState& s, std::uint64_t index) const noexcept {

@@ -159,11 +159,15 @@ class PoolCore {
   // Records a fence on `s` covering every block dropped on it so far: its index is the
   // `recorded` before the call. Requires s addressable and not retired. Falls back to a stream
   // synchronize when the event cannot be created or recorded (`synchronized`: every block dropped
-  // on s so far is then clean). `failed` when neither worked, or when s is capturing (a fence
-  // recorded there would belong to the graph).
-  FenceResult record_fence(StreamState& s) noexcept;
+  // on s so far is then clean), except with `may_block` false (a caller holding a lock other
+  // threads need while s's work runs). `failed` when neither worked, or when s is capturing (a
+  // fence recorded there would belong to the graph).
+  FenceResult record_fence(StreamState& s, bool may_block = true) noexcept;
   // Learns which of s's fences completed (event queries, where allowed).
   void refresh(StreamState& s) noexcept;
+  // s's fences up to `index` completed (the caller waited for s's work): they leave the list,
+  // their events back to the idle ones. `index` must be recorded.
+  void complete_through(StreamState& s, std::uint64_t index) noexcept;
   // The first fence recorded with an event whose index is >= `index`, or null.
   const Fence* fence_at(const StreamState& s, std::uint64_t index) const noexcept;
   // NOT under s.lock: records a fence on s, waits on the CPU until s's work so far has completed,
@@ -337,11 +341,15 @@ class PoolCore {
     c.requested -= static_cast<std::int64_t>(b->requested);
     --c.live;
     b->requested = 0;
+    // A retired stream publishes exactly: its slack would stay in the sums while its state
+    // waits to be recycled, however long that is. (Retiring one ended the one-stream regime.)
     // With one stream, its falls wait (falls_wait_): what it published is at least the truth,
     // and only its own rises, published exactly, raise the peaks.
-    if ((c.requested_published - c.requested > byte_slack_ ||
-         c.live_published - c.live > count_slack_) &&
-        !falls_wait_.load(std::memory_order_relaxed)) {
+    if ((s.attention.load(std::memory_order_relaxed) & retired) != 0) {
+      publish(c, true);
+    } else if ((c.requested_published - c.requested > byte_slack_ ||
+                c.live_published - c.live > count_slack_) &&
+               !falls_wait_.load(std::memory_order_relaxed)) {
       publish(c);
     }
     return s.orphaned;

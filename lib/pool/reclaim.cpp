@@ -105,8 +105,11 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
   s.lock.lock();
   // The last fence: everything dropped on s so far is covered by it. A stream whose handle went
   // to another stream can be fenced by nothing: a virtual fence that the next device
-  // synchronize completes.
-  bool fenced = may_fence && s.addressable() && record_fence(s) != FenceResult::failed;
+  // synchronize completes. Nor is one where no event can be had, with no stream synchronize
+  // instead: release_stream holds the registry's mutex here, which every thread's lookup of a
+  // stream it has not cached needs; it waits for the stream afterwards, holding nothing.
+  bool fenced = may_fence && s.addressable() &&
+                record_fence(s, /*may_block=*/false) != FenceResult::failed;
   if (!fenced) {
     const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
     try {
@@ -284,14 +287,29 @@ void PoolCore::release_stream(cudaStream_t stream) {
   if (s == nullptr) return;  // never seen, or already released
   // Its last fence covers everything dropped on it: where it is pending, wait for the stream
   // where that is allowed now, and its blocks are clean at once; otherwise they come back when
-  // the fence completes. Not on the fence's event: once the lock is let go, another thread may
+  // the fence completes. The last fence may be a virtual one, which only a device synchronize
+  // would complete: no event could be had, and empty_retired did not wait, holding the
+  // registry's mutex. Not on the fence's event: once the lock is let go, another thread may
   // learn that the fence completed and give its event to a fence of another stream. (The state
   // is recycled only once that fence completed, so one that names another stream by now has
-  // nothing pending of this one.)
+  // nothing pending of this one; an unchanged generation says that it is still this stream's.)
   s->lock.lock();
-  const bool pending = s->id == id && fence_at(*s, s->last_index) != nullptr;
+  const std::uint32_t generation = s->generation.load(std::memory_order_relaxed);
+  const std::uint64_t last = s->last_index;
+  const bool pending = s->id == id &&
+                       last < s->timeline.recorded.load(std::memory_order_relaxed) &&
+                       s->timeline.completed.load(std::memory_order_relaxed) <= last;
+  const bool instead_of_fence = pending && fence_at(*s, last) == nullptr;  // a virtual one
   s->lock.unlock();
-  if (pending && calls_allowed(Restricted::stream_sync)) device_->stream_synchronize(stream);
+  if (pending && calls_allowed(Restricted::stream_sync) &&
+      device_->stream_synchronize(stream) == cudaSuccess) {
+    s->lock.lock();
+    if (s->generation.load(std::memory_order_relaxed) == generation) {
+      complete_through(*s, last);
+      if (instead_of_fence) ++s->counters.blocking;  // as record_fence counts its own
+    }
+    s->lock.unlock();
+  }
   drain_parked();
 }
 

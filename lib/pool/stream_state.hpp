@@ -39,8 +39,14 @@ struct Fence {
 // Counters of one stream, guarded by its lock; stats() sums them over the streams.
 struct StreamCounters {
   std::int64_t recorded_uses = 0;  // record_stream calls naming this stream
-  // Allocations, drops and record_stream uses so far: it moves whenever the stream is used.
-  std::int64_t activity() const noexcept { return 2 * live_total - live + recorded_uses; }
+  // Blocks the slow drop kept on this stream (PoolCore::keep_on): other streams' blocks freed
+  // here among them, which its own counters below do not see.
+  std::int64_t kept_drops = 0;
+  // Allocations, drops (of its own blocks, and of others' onto it) and record_stream uses so
+  // far: it moves whenever the stream is used.
+  std::int64_t activity() const noexcept {
+    return 2 * live_total - live + recorded_uses + kept_drops;
+  }
 
   std::int64_t requested = 0;  // bytes of live allocations made on this stream
   std::int64_t requested_total = 0;
