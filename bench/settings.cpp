@@ -86,7 +86,12 @@ Settings user_settings(const std::string& config) {
     throw SettingsError(std::string("--config: ") + e.what());
   }
   s.options.read_environment = false;
+  // The bench's pools record no trace: a replay would write over the trace it reads (with
+  // STREAMPOOL_CONF=trace_file=app.csv still exported from recording the application), and
+  // tune's many pools each a file. Nor does the line tune recommends name one.
+  s.options.trace_file.clear();
   s.items = merge_items(conf_items(s.environment), conf_items(config));
+  std::erase_if(s.items, [](const ConfItem& item) { return item.key == "trace_file"; });
   return s;
 }
 

@@ -54,8 +54,9 @@ class SettingsError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Reads STREAMPOOL_CONF and applies `config` on top. Throws SettingsError ("the environment's
-// STREAMPOOL_CONF: ..." or "--config: ..." and the pool's reason) when either is refused.
+// Reads STREAMPOOL_CONF and applies `config` on top, except trace_file (the bench's pools record
+// nothing). Throws SettingsError ("the environment's STREAMPOOL_CONF: ..." or "--config: ..."
+// and the pool's reason) when either is refused.
 Settings user_settings(const std::string& config);
 
 }  // namespace streampool::bench

@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -273,6 +274,12 @@ class Parser {
     }
     // PyTorch reuses a block only after its free completed: the completion was not recorded.
     if (!pending_.empty()) pending_.erase(pointer);
+    // The replay and peak_requested() sum live sizes in 63 bits.
+    if (size > max_live_bytes - live_bytes_) {
+      fail("allocation of {} bytes: the live allocations would hold more than 2^63 - 1 bytes",
+           size);
+    }
+    live_bytes_ += size;
     const std::uint32_t stream_index = intern(trace_.streams, stream, last_stream_);
     allocations_.push_back({size, line_number_, stream_index});
     ++trace_.allocations;
@@ -283,8 +290,12 @@ class Parser {
   void free(std::uint64_t thread, std::uint64_t time, std::uint64_t pointer, std::uint64_t size,
             std::uint64_t stream) {
     const auto live = live_.find(pointer);
-    if (live == live_.end()) {  // allocated before recording began
-      ++trace_.unmatched_frees;
+    if (live == live_.end()) {
+      if (const auto freed = freed_.find(pointer); freed != freed_.end()) {
+        fail("free of {:#x}, which this trace allocated and freed at line {} (a double free)",
+             pointer, freed->second);
+      }
+      ++trace_.unmatched_frees;  // allocated before recording began
       return;
     }
     const std::uint64_t allocation = live->second;
@@ -296,6 +307,8 @@ class Parser {
     const std::uint32_t freeing_stream = intern(trace_.streams, stream, last_stream_);
     const std::uint32_t used_on = freeing_stream == allocated.stream ? no_stream : freeing_stream;
     live_.erase(live);
+    live_bytes_ -= size;
+    freed_[pointer] = line_number_;
     trace_.events.push_back({TraceEvent::Kind::free, intern(trace_.threads, thread, last_thread_),
                              allocated.stream, used_on, allocation, size, time});
     if (vocabulary_ == Vocabulary::pytorch) {
@@ -348,6 +361,10 @@ class Parser {
   Trace trace_;
   std::vector<Allocation> allocations_;                       // by allocation number
   std::unordered_map<std::uint64_t, std::uint64_t> live_;     // pointer -> allocation number
+  // Pointers this trace allocated and freed, not live again since -> the line of the free.
+  std::unordered_map<std::uint64_t, std::uint64_t> freed_;
+  static constexpr std::uint64_t max_live_bytes = std::numeric_limits<std::int64_t>::max();
+  std::uint64_t live_bytes_ = 0;  // the live allocations' sizes, at most max_live_bytes
   std::unordered_map<std::uint64_t, PendingCompletion> pending_;  // pointer -> its free
   std::vector<std::size_t> delayed_;  // frees completed only after other events
 };

@@ -13,7 +13,9 @@
 // midnight); Pointer, Stream and Thread are hexadecimal (0x...) or decimal; Size is the requested
 // byte count, in decimal, and a free's Size must be its allocation's. A malformed line is an error
 // naming its line number, and so is an allocation of a pointer that is live (allocated and not
-// freed since); nothing is guessed. RMM's `allocate failure` lines are not accepted either.
+// freed since), a second free of a pointer the trace allocated (a double free), and an allocation
+// that would make the live allocations hold more than 2^63 - 1 bytes; nothing is guessed. RMM's
+// `allocate failure` lines are not accepted either.
 //
 // In memory, a Trace is a list of events in file order with pointers replaced by allocation
 // numbers: every free names the allocation it ends. A trace recorded mid-run frees blocks it never

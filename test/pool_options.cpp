@@ -481,3 +481,54 @@ TEST_CASE("a MemoryPool without a device throws invalid_value") {
                            return e.errc() == Errc::invalid_value;
                          }));
 }
+
+// Found in review (2026-12-05). to_conf() is "the conf line that parse() turns back into these
+// options", and validate() accepts any trace_file without a NUL. A path with a comma (which a
+// conf line cannot carry) or with spaces at either end (which parse trims) was written as it is,
+// and the line did not parse back into it: with the comma parse threw, with the spaces it gave
+// another path. Such a path has no conf form: to_conf() says so.
+TEST_CASE("to_conf() refuses a trace_file that its line could not carry back") {
+  for (const char* path : {"runs/a,b.csv", " leading.csv", "trailing.csv "}) {
+    PoolOptions o;
+    o.trace_file = path;
+    REQUIRE(o.validate().empty());
+    CAPTURE(path);
+    CHECK_THROWS_MATCHES(o.to_conf(), Error, Catch::Predicate<Error>([&](const Error& e) {
+                           return e.errc() == Errc::invalid_value &&
+                                  std::string(e.what()).find(path) != std::string::npos;
+                         }));
+  }
+  PoolOptions plain;
+  plain.trace_file = "runs/a b.csv";  // a space inside is carried
+  CHECK(PoolOptions::parse(plain.to_conf()) == plain);
+}
+
+// Found in review (2026-12-05). Options set in code that validate() refuses were reported as
+// coming from STREAMPOOL_CONF whenever the variable was set, even to something harmless or to
+// nothing: the environment was applied first, and its parse() validated the whole result under
+// "STREAMPOOL_CONF: ". Without the variable the same options gave "MemoryPool options: ...".
+TEST_CASE("options set in code that are unusable are not blamed on STREAMPOOL_CONF") {
+  auto options = test_options();
+  options.read_environment = true;
+  options.slab_bytes = 0;  // the code's fault
+  for (const char* conf : {"fence_every_free=1", ""}) {
+    CAPTURE(conf);
+    ConfEnvironment environment(conf);
+    try {
+      MemoryPool pool(std::make_shared<FakeDevice>(), options);
+      FAIL("constructed a pool with slab_bytes = 0");
+    } catch (const Error& e) {
+      CHECK(e.errc() == Errc::invalid_value);
+      CHECK_THAT(e.what(), Catch::Contains("slab"));
+      CHECK_THAT(e.what(), !Catch::StartsWith("STREAMPOOL_CONF"));
+    }
+  }
+}
+
+// Found in review (2026-12-05). An item without '=' was quoted with an '=' the user did not
+// write ("STREAMPOOL_CONF: slab 1M=: expected key=value").
+TEST_CASE("an item without '=' is quoted as written, without an added '='") {
+  const std::string what = refusal("slab 1M");
+  CHECK_THAT(what, Catch::Contains("slab 1M"));
+  CHECK_THAT(what, !Catch::Contains("slab 1M="));
+}

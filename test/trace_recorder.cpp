@@ -4,6 +4,7 @@
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
+#include <streampool/device_pools.hpp>
 #include <streampool/error.hpp>
 #include <streampool/trace_recorder.hpp>
 
@@ -561,4 +562,51 @@ TEST_CASE("a write that fails mid-run stops the recording with a message; the po
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(fs::file_size(path) <= 16 << 10);
+}
+
+// Found in review (2026-12-05). Two pools given the same path: the first gets it, the next PATH
+// with ".2" before its extension (trace_recorder.hpp). The recorder compared path strings only,
+// so the same file named another way ("dir/./run.csv", a relative and an absolute path) was
+// opened "wb" by the second pool, which truncated the first pool's recording under it.
+TEST_CASE("a second pool given the same file under another spelling does not truncate "
+          "the first's recording",
+          "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("run.csv");
+  const std::string same_file = (fs::path(path).parent_path() / "." / "run.csv").string();
+  PoolOnFake first(recording(path));
+  Bytes::alloc_async(*first, 4096, first.fake().create_stream()).reset();
+  streampool::flush_trace(*first);
+  REQUIRE(read_lines(path).size() == 2);
+
+  PoolOnFake second(recording(same_file));
+  CHECK(streampool::trace_status(*second).path != same_file);
+  CHECK(read_lines(path).size() == 2);  // the first pool's two lines are still there
+}
+
+// Found in review (2026-12-05). The process's registry (device_pools.hpp) is never destroyed, so
+// its pools live until the process ends, and their recordings were written only in blocks of
+// 64 KiB, at flush_trace, stop_trace or ~MemoryPool: a program that got its pool from the
+// registry and exited normally left a file with the header alone (or without its last lines).
+TEST_CASE("a registry pool's recording reaches the file when the program exits normally",
+          "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("registry.csv");
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto fake = std::make_shared<FakeDevice>();
+    streampool::set_pool_for_device(0, std::make_shared<MemoryPool>(fake, recording(path)));
+    std::shared_ptr<MemoryPool> pool = streampool::pool_for_device(0);
+    cudaStream_t s = fake->create_stream();
+    Bytes::alloc_async(*pool, 4096, s).reset();
+    pool.reset();
+    std::exit(0);  // a normal exit: static destructors and atexit handlers run
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(read_lines(path).size() == 2);
 }

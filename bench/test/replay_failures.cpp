@@ -80,3 +80,27 @@ TEST_CASE("replay says which API it replays through in the text and the JSON", "
   const BenchRun plain = run_bench({"replay", "--fake", "--workload", "pipeline", "--json"});
   CHECK(nlohmann::json::parse(plain.out).at(0).at("raw") == false);
 }
+
+// Found in review (2026-12-05). The bench gave its replay pools every option of STREAMPOOL_CONF,
+// trace_file included, so a user who exported STREAMPOOL_CONF=trace_file=app.csv to record the
+// app and then ran `streampool-bench replay app.csv` had app.csv truncated and overwritten with
+// the bench's own recording of the replay (the pool opened it "wb" after the trace was read).
+TEST_CASE("replay with STREAMPOOL_CONF=trace_file=FILE does not overwrite the trace FILE",
+          "[replay][cli]") {
+  const TempDir dir;
+  const std::string path = dir.file("app.csv");
+  const std::string original =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "0,1,allocate,0x1000,4096,0x0\n"
+      "0,2,free,0x1000,4096,0x0\n";
+  write_text(path, original);
+  {
+    const ScopedConf conf("trace_file=" + path);
+    const BenchRun run = run_bench({"replay", "--fake", path});
+    CHECK(run.status == 0);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream content;
+  content << in.rdbuf();
+  CHECK(content.str() == original);
+}

@@ -97,3 +97,44 @@ TEST_CASE("Every malformed line is an error naming the trace, its line number an
                       StartsWith("t:3: ") && Contains("before its free_requested"));
   }
 }
+
+// Found in review (2026-12-05). A free of a pointer the trace allocated and already freed was
+// counted as a free of a block allocated before recording began, where it is a double free.
+TEST_CASE("A second free of a pointer the trace allocated and freed is an error",
+          "[trace][errors]") {
+  SECTION("RMM's vocabulary") {
+    CHECK_THROWS_WITH(parse(header + good + "0,2,free,0x100,8,0x0\n" + "0,3,free,0x100,8,0x0\n"),
+                      StartsWith("t:4: ") && Contains("0x100") && Contains("line 3"));
+  }
+  SECTION("PyTorch's vocabulary") {
+    CHECK_THROWS_WITH(parse(header + "0,1,alloc,0x100,8,0x0\n" +
+                            "0,2,free_requested,0x100,8,0x0\n" +
+                            "0,3,free_completed,0x100,8,0x0\n" +
+                            "0,4,free_requested,0x100,8,0x0\n"),
+                      StartsWith("t:5: ") && Contains("0x100"));
+  }
+  SECTION("allocated again in between, the pointer's frees are one each") {
+    const Trace trace = parse(header + good + "0,2,free,0x100,8,0x0\n" + good +
+                              "0,4,free,0x100,8,0x0\n" + "0,5,free,0x999,8,0x0\n");
+    CHECK(trace.allocations == 2);
+    CHECK(trace.unmatched_frees == 1);  // 0x999: allocated before recording began
+  }
+}
+
+// Found in review (2026-12-05). Sizes were any 64-bit number, and the replay and
+// Trace::peak_requested sum live sizes in 63 and 64 bits: a size of 2^63 counted as negative in
+// the replay, and two of them made the peak wrap around.
+TEST_CASE("Live allocations that would hold more than 2^63 - 1 bytes are an error",
+          "[trace][errors]") {
+  const std::string half = "4611686018427387904";  // 2^62
+  CHECK_THROWS_WITH(parse(header + "0,1,allocate,0x100,9223372036854775808,0x0\n"),
+                    StartsWith("t:2: ") && Contains("2^63"));
+  CHECK_THROWS_WITH(parse(header + "0,1,allocate,0x100," + half + ",0x0\n" +
+                          "0,2,allocate,0x200," + half + ",0x0\n"),
+                    StartsWith("t:3: ") && Contains("2^63"));
+  // Freed in between, they are never live together.
+  const Trace trace = parse(header + "0,1,allocate,0x100," + half + ",0x0\n" +
+                            "0,2,free,0x100," + half + ",0x0\n" +
+                            "0,3,allocate,0x200," + half + ",0x0\n");
+  CHECK(trace.peak_requested() == std::uint64_t{1} << 62);
+}

@@ -142,6 +142,8 @@ struct STREAMPOOL_API PoolOptions {
   // `base` with STREAMPOOL_CONF applied, if it is set.
   static PoolOptions from_environment(const PoolOptions& base);
   // The conf line that parse() turns back into these options (trace_file only when set).
+  // Throws Error(Errc::invalid_value) for a trace_file that a conf line cannot carry: one with a
+  // comma, or with spaces at either end.
   std::string to_conf() const;
   // Why these options are unusable, or an empty string: the size classes (size_classes.hpp),
   // large_rounding a power of two from the alignment to 1 TiB, slab from 1 byte to 1 GiB,

@@ -38,12 +38,14 @@
 // file without a free between.
 //
 // The file: created (or truncated) when the recording starts; written in blocks of 64 KiB, and
-// in full at flush_trace, stop_trace and the MemoryPool's destruction. Buffers that outlive the
-// pool are still recorded when dropped, each line written at once; the file is closed when the
-// last of them goes. A write that fails stops the recording: the message goes to standard error
-// once and to TraceStatus::error_message; the pool itself goes on. Two pools of one process given
-// the same path: the first gets it, the next PATH with ".2" before its extension (trace.2.csv),
-// and so on.
+// in full at flush_trace, stop_trace, the MemoryPool's destruction and a normal exit of the
+// process (std::exit, or a return from main: a pool that lives until then, as the registry's of
+// device_pools.hpp, loses no line). Buffers that outlive the pool are still recorded when
+// dropped, each line written at once; the file is closed when the last of them goes. A write that
+// fails stops the recording: the message goes to standard error once and to
+// TraceStatus::error_message; the pool itself goes on. Two pools of one process given the same
+// file (however its path is spelled: "dir/./trace.csv", relative or absolute): the first gets it,
+// the next PATH with ".2" before its extension (trace.2.csv), and so on.
 #pragma once
 
 #include <streampool/export.hpp>

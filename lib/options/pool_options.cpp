@@ -74,7 +74,10 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     conf = comma == std::string_view::npos ? std::string_view() : conf.substr(comma + 1);
     if (item.empty()) continue;
     const std::size_t eq = item.find('=');
-    if (eq == std::string_view::npos) bad(item, "", "expected key=value");
+    if (eq == std::string_view::npos) {
+      throw Error(Errc::invalid_value,
+                  fmt::format("STREAMPOOL_CONF: '{}': expected key=value", item));
+    }
     const std::string_view key = trim(item.substr(0, eq));
     const std::string_view value = trim(item.substr(eq + 1));
     if (key == "smallest") o.size_classes.smallest = parse_size(key, value);
@@ -168,7 +171,15 @@ std::string PoolOptions::to_conf() const {
       size_text(unfenced_bytes),
       unfenced_us, idle_ms, fence_every_free,
       cross_stream_wait, checks_text(stream_checks), size_text(stats_granule), nvtx_memory);
-  if (!trace_file.empty()) conf += ",trace_file=" + trace_file;
+  if (!trace_file.empty()) {
+    if (trace_file.find(',') != std::string::npos || trim(trace_file) != trace_file) {
+      throw Error(Errc::invalid_value,
+                  fmt::format("to_conf: trace_file '{}' has no conf form (a comma, or spaces at "
+                              "either end); set PoolOptions::trace_file in code",
+                              trace_file));
+    }
+    conf += ",trace_file=" + trace_file;
+  }
   return conf;
 }
 

@@ -52,11 +52,13 @@ Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes
 
 namespace {
 
+// The options given in code first: a fault in them is not STREAMPOOL_CONF's. Then the
+// environment's, whose parse() validates what it makes of them and names STREAMPOOL_CONF.
 PoolOptions checked(PoolOptions options) {
-  if (options.read_environment) options = PoolOptions::from_environment(options);
   if (std::string why = options.validate(); !why.empty()) {
     throw Error(Errc::invalid_value, "MemoryPool options: " + why);
   }
+  if (options.read_environment) options = PoolOptions::from_environment(options);
   return options;
 }
 

@@ -13,15 +13,18 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <new>
 #include <set>
 
 namespace streampool::detail {
 namespace {
 
-// The paths the process's recorders hold: a second pool given one of them gets another name
-// rather than truncating the first pool's file.
+// The files the process's recorders hold, each under file_key(): a second pool given one of
+// them gets another name rather than truncating the first pool's file.
 struct OpenPaths {
   std::mutex mutex;
   std::set<std::string> held;
@@ -29,6 +32,36 @@ struct OpenPaths {
 OpenPaths& open_paths() {
   static OpenPaths* instance = new OpenPaths;  // never destroyed: recorders close at exit too
   return *instance;
+}
+
+// The file a path names, however it is spelled: absolute, without "." or "..", through symbolic
+// links ("dir/./run.csv", a relative path and an absolute one). The path itself where the file
+// system cannot say.
+std::string file_key(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (error) return path;
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, error);
+  return error ? absolute.string() : canonical.string();
+}
+
+// The recorders alive in the process, whose buffered lines are written out at a normal exit: a
+// pool that lives until then (the registry's, device_pools.hpp, is never destroyed) would
+// otherwise lose up to a block of them. Lock order: this mutex, then a recorder's; a recorder
+// takes it holding nothing (start, before its own; its destructor, before its own).
+struct LiveRecorders {
+  std::mutex mutex;
+  std::set<TraceRecorder*> recorders;
+};
+LiveRecorders& live_recorders() {
+  static LiveRecorders* instance = new LiveRecorders;  // never destroyed: used at exit
+  return *instance;
+}
+
+void flush_at_exit() noexcept {
+  LiveRecorders& live = live_recorders();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  for (TraceRecorder* recorder : live.recorders) recorder->flush();
 }
 
 // "dir/trace.csv" -> "dir/trace.2.csv" for n = 2; "trace" -> "trace.2".
@@ -55,11 +88,25 @@ std::size_t TraceRecorder::StreamKeyHash::operator()(const StreamKey& key) const
 }
 
 TraceRecorder::~TraceRecorder() {
+  {
+    LiveRecorders& live = live_recorders();
+    std::lock_guard<std::mutex> lock(live.mutex);
+    live.recorders.erase(this);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   close_file();
 }
 
 void TraceRecorder::start(const std::string& path) {
+  {
+    static std::once_flag registered;
+    std::call_once(registered, [] {
+      if (std::atexit(flush_at_exit) != 0) throw std::bad_alloc();
+    });
+    LiveRecorders& live = live_recorders();
+    std::lock_guard<std::mutex> lock(live.mutex);
+    live.recorders.insert(this);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (recording()) {
     throw Error(Errc::invalid_value, fmt::format("trace_file '{}': the pool is recording to '{}' "
@@ -67,9 +114,13 @@ void TraceRecorder::start(const std::string& path) {
                                                  path, status_.path));
   }
   std::string chosen = path;
+  std::string key = file_key(chosen);
   {
     std::lock_guard<std::mutex> paths(open_paths().mutex);
-    for (unsigned n = 2; open_paths().held.contains(chosen); ++n) chosen = numbered(path, n);
+    for (unsigned n = 2; open_paths().held.contains(key); ++n) {
+      chosen = numbered(path, n);
+      key = file_key(chosen);
+    }
     errno = 0;
     file_ = std::fopen(chosen.c_str(), "wb");
     if (file_ == nullptr) {
@@ -78,7 +129,7 @@ void TraceRecorder::start(const std::string& path) {
                   fmt::format("trace_file '{}': cannot open it for writing: {}", chosen,
                               why != 0 ? std::strerror(why) : "unknown reason"));
     }
-    open_paths().held.insert(chosen);
+    open_paths().held.insert(key);
   }
   // The buffer is ours; the file's own would only copy it once more.
   std::setvbuf(file_, nullptr, _IONBF, 0);
@@ -88,7 +139,7 @@ void TraceRecorder::start(const std::string& path) {
   if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) {
     const int why = errno;
     std::fclose(std::exchange(file_, nullptr));
-    release_path(chosen);
+    release_path(key);
     throw Error(Errc::invalid_value,
                 fmt::format("trace_file '{}': cannot write to it: {}", chosen,
                             why != 0 ? std::strerror(why) : "short write"));
@@ -96,6 +147,7 @@ void TraceRecorder::start(const std::string& path) {
   status_ = TraceStatus{};
   status_.recording = true;
   status_.path = chosen;
+  held_as_ = std::move(key);
   live_.clear();
   streams_.clear();
   threads_.clear();
@@ -267,7 +319,7 @@ void TraceRecorder::close_file() noexcept {
                     why != 0 ? std::strerror(why) : "unknown reason");
     std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
   }
-  release_path(status_.path);
+  release_path(held_as_);
 }
 
 }  // namespace streampool::detail

@@ -78,6 +78,7 @@ class TraceRecorder final : public Observer {
   mutable std::mutex mutex_;
   std::FILE* file_ = nullptr;  // open while recording
   TraceStatus status_;         // status_.recording mirrors file_ != nullptr
+  std::string held_as_;        // the key the process's open paths hold the file under
   std::chrono::steady_clock::time_point start_;
   std::string buffer_;
   bool pool_closed_ = false;  // the MemoryPool object is gone: each line is written at once
