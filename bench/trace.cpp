@@ -361,7 +361,8 @@ class Parser {
   Trace trace_;
   std::vector<Allocation> allocations_;                       // by allocation number
   std::unordered_map<std::uint64_t, std::uint64_t> live_;     // pointer -> allocation number
-  // Pointers this trace allocated and freed, not live again since -> the line of the free.
+  // Pointers this trace allocated and freed -> the line of their last free (one allocated again
+  // is found in live_ first).
   std::unordered_map<std::uint64_t, std::uint64_t> freed_;
   static constexpr std::uint64_t max_live_bytes = std::numeric_limits<std::int64_t>::max();
   std::uint64_t live_bytes_ = 0;  // the live allocations' sizes, at most max_live_bytes

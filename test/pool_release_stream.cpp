@@ -312,3 +312,31 @@ TEST_CASE("release_stream where no event can be had for its fence waits for the 
   CHECK(other_went_on);
   fake.complete_all();
 }
+
+// Found in review (2026-12-05). Where no event can be had for a released stream's last fence,
+// empty_retired now gives it a virtual fence, and counts what was dropped on it since its last
+// fence as stranded (note_stranded) and the stream as lost (lost_streams_), as for a stream that
+// nothing can fence any more. But release_stream then waits for the stream and completes that
+// fence: nothing is stranded, yet the counts stay, and the next slow path of any stream
+// (reclaim_if_stranded) synchronizes the whole device for memory that is already clean. Before
+// the commit the stream synchronize made the fence in empty_retired and nothing was counted.
+TEST_CASE("release_stream that waited for its stream itself leaves nothing counted as stranded") {
+  auto options = test_options();
+  options.idle_ms = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  {
+    // The only stream so far: no fence at its drop.
+    auto x = Bytes::alloc_async(*pool, 64 * MiB, a);
+    write_on(fake, a, x);
+  }
+  fake.fail_next(Call::event_create);  // no event for release_stream's fence
+  pool->release_stream(a);
+  REQUIRE(fake.pending_work() == 0);  // release_stream waited for a: its blocks are clean
+  const auto syncs = fake.calls(Call::device_synchronize);
+  cudaStream_t b = fake.create_stream();
+  auto y = Bytes::alloc_async(*pool, 4096, b);  // a slow path: reclaim_if_stranded
+  CHECK(fake.calls(Call::device_synchronize) == syncs);
+  fake.complete_all();
+}

@@ -610,3 +610,65 @@ TEST_CASE("a registry pool's recording reaches the file when the program exits n
   REQUIRE(WEXITSTATUS(status) == 0);
   CHECK(read_lines(path).size() == 2);
 }
+
+// Found in review (2026-12-05). The exit flush (flush_at_exit) writes out every recorder of the
+// process's memory. A child made by fork() has a copy of the parent's recorders, their buffered
+// lines and the same open file: a child that exits normally wrote the parent's buffered lines
+// into the parent's file, and the parent wrote them again at its next flush.
+TEST_CASE("a forked child that exits normally writes nothing of its parent's recording",
+          "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("parent.csv");
+  PoolOnFake pool(recording(path));
+  Bytes::alloc_async(*pool, 4096, pool.fake().create_stream()).reset();  // two lines, buffered
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) std::exit(0);  // a worker process that is done: a normal exit
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  streampool::flush_trace(*pool);
+  CHECK(read_lines(path).size() == 2);  // the parent's two lines, once
+}
+
+// Found in review (2026-12-05). trace_recorder.hpp: "in full at ... a normal exit of the
+// process (... a pool that lives until then, as the registry's of device_pools.hpp, loses no
+// line)". The exit handler is registered by the first recording, so it runs before the
+// destructors of statics constructed earlier (a static buffer declared before the pool is made).
+// A line recorded after it (such a buffer's free) stays in the never-destroyed recorder's buffer.
+// Run in a process of its own (exec of this test binary), where the order of registration is
+// known: the parent test below.
+TEST_CASE("trace exit child: a static buffer dropped after the exit flush", "[.trace_exit_child]") {
+  const char* path = std::getenv("STREAMPOOL_TEST_EXIT_TRACE");
+  REQUIRE(path != nullptr);
+  static std::optional<Bytes> kept;  // constructed (its destructor registered) before the pool
+  auto fake = std::make_shared<FakeDevice>();
+  streampool::set_pool_for_device(0, std::make_shared<MemoryPool>(fake, recording(path)));
+  std::shared_ptr<MemoryPool> pool = streampool::pool_for_device(0);
+  kept.emplace(Bytes::alloc_async(*pool, 4096, fake->create_stream()));
+  // returns: main returns, the exit handlers and static destructors run
+}
+
+TEST_CASE("a buffer dropped at exit after the exit flush still reaches the file", "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("late.csv");
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::setenv("STREAMPOOL_TEST_EXIT_TRACE", path.c_str(), 1);
+    ::execl("/proc/self/exe", "/proc/self/exe",
+            "trace exit child: a static buffer dropped after the exit flush", "-o", "/dev/null",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  const std::vector<Line> lines = read_lines(path);
+  REQUIRE(!lines.empty());
+  CHECK(lines.front().action == "allocate");
+  CHECK(lines.size() == 2);  // its allocation and its free
+}

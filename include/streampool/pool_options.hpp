@@ -124,7 +124,9 @@ struct STREAMPOOL_API PoolOptions {
   // a tool attached each NVTX call is a no-op. Run memcheck with `--nvtx yes` (the default since
   // CUDA 12.0).
   bool nvtx_memory = false;
-  // Apply STREAMPOOL_CONF on top of these options when the pool is constructed.
+  // Apply STREAMPOOL_CONF on top of these options when the pool is constructed. The options given
+  // must be usable on their own (validate() is asked first, and its answer not blamed on the
+  // environment).
   bool read_environment = true;
 
   // Parses "key=value,..." on top of `base`. Keys: smallest, per_doubling, largest, alignment,

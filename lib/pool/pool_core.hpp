@@ -242,7 +242,10 @@ class PoolCore {
   // A block off every list with pending needs: clean, parked, or (one need) where it belongs.
   void settle(Block* block, const std::vector<Need>& needs) noexcept;
   // Moves a retired state's free blocks off it (stream_registry.cpp calls it). [registry]
-  void empty_retired(StreamState& s, bool may_fence) noexcept;
+  // With `may_fence` (release_stream) its last fence is recorded without waiting; where that
+  // fails, the fence is virtual, and with `unwaited` the bytes it covers go there instead of
+  // being counted as stranded: the caller waits for the stream, or counts them.
+  void empty_retired(StreamState& s, bool may_fence, std::size_t* unwaited = nullptr) noexcept;
 
   // reclaim.cpp
   // Runs `attempt` (which returns a block or sets `error`); on out-of-memory, climbs the reclaim

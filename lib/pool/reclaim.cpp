@@ -99,7 +99,7 @@ void PoolCore::drain_parked_of(std::size_t rounded) noexcept {
   });
 }
 
-void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
+void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwaited) noexcept {
   std::vector<Block*> blocks;
   std::vector<Need> needs;
   s.lock.lock();
@@ -115,8 +115,12 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence) noexcept {
     try {
       s.fences.push_back({index, nullptr, device_timeline_.recorded.load(std::memory_order_acquire)});
       s.timeline.recorded.store(index + 1, std::memory_order_release);
-      note_stranded(s.unfenced_bytes);
-      lost_streams_.fetch_add(1, std::memory_order_relaxed);
+      if (may_fence && unwaited != nullptr) {
+        *unwaited = s.unfenced_bytes;  // release_stream waits for the stream, or counts them
+      } else {
+        note_stranded(s.unfenced_bytes);
+        lost_streams_.fetch_add(1, std::memory_order_relaxed);
+      }
       fenced = true;
     } catch (const std::bad_alloc&) {
       // No room for the virtual fence: the next device synchronize's own virtual fence (it puts
@@ -283,7 +287,9 @@ void PoolCore::release_stream(cudaStream_t stream) {
   refuse_if_gated(*device_, stream, "release_stream");  // before asking the id (gate.hpp)
   StreamId id = 0;
   throw_on_cuda_error(device_->stream_id(stream, &id), "release_stream: cudaStreamGetId");
-  StreamState* s = registry_.release(stream, id);
+  constexpr std::size_t none = SIZE_MAX;
+  std::size_t unwaited = none;  // the bytes a virtual last fence covers, if it is one
+  StreamState* s = registry_.release(stream, id, &unwaited);
   if (s == nullptr) return;  // never seen, or already released
   // Its last fence covers everything dropped on it: where it is pending, wait for the stream
   // where that is allowed now, and its blocks are clean at once; otherwise they come back when
@@ -301,14 +307,22 @@ void PoolCore::release_stream(cudaStream_t stream) {
                        s->timeline.completed.load(std::memory_order_relaxed) <= last;
   const bool instead_of_fence = pending && fence_at(*s, last) == nullptr;  // a virtual one
   s->lock.unlock();
+  bool waited = false;
   if (pending && calls_allowed(Restricted::stream_sync) &&
       device_->stream_synchronize(stream) == cudaSuccess) {
+    waited = true;
     s->lock.lock();
     if (s->generation.load(std::memory_order_relaxed) == generation) {
       complete_through(*s, last);
       if (instead_of_fence) ++s->counters.blocking;  // as record_fence counts its own
     }
     s->lock.unlock();
+  }
+  if (unwaited != none && pending && !waited) {
+    // Not waited for after all (during a capture, or the device refused): stranded until a
+    // device synchronize, as a stream nothing can fence.
+    note_stranded(unwaited);
+    lost_streams_.fetch_add(1, std::memory_order_relaxed);
   }
   drain_parked();
 }

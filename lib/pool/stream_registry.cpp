@@ -254,7 +254,8 @@ void StreamRegistry::retire_idle() noexcept {
   }
 }
 
-StreamState* StreamRegistry::release(cudaStream_t stream, StreamId id) noexcept {
+StreamState* StreamRegistry::release(cudaStream_t stream, StreamId id,
+                                     std::size_t* unwaited) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = by_id_.find(id);
   if (it == by_id_.end()) return nullptr;  // never seen, or already released
@@ -264,7 +265,7 @@ StreamState* StreamRegistry::release(cudaStream_t stream, StreamId id) noexcept 
   if (handle != by_handle_.end() && handle->second == s) by_handle_.erase(handle);
   --registered_;
   note_several();
-  pool_.empty_retired(*s, /*may_fence=*/true);
+  pool_.empty_retired(*s, /*may_fence=*/true, unwaited);
   wait_for_recycling(*s);
   return s;
 }

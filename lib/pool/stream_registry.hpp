@@ -53,7 +53,8 @@ class StreamRegistry {
   StreamState* by_handle(cudaStream_t stream) noexcept;
 
   // release_stream: the state registered for `id`, unregistered and retired; null if none.
-  StreamState* release(cudaStream_t stream, StreamId id) noexcept;
+  // `unwaited` as PoolCore::empty_retired's (set only where the last fence is virtual).
+  StreamState* release(cudaStream_t stream, StreamId id, std::size_t* unwaited) noexcept;
 
   // Every state ever made, newest first, without a lock: states are never freed while the pool
   // lives, and `next_state` links are written before a state is published.

@@ -8,6 +8,7 @@
 #include <streampool/error.hpp>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -61,7 +62,7 @@ LiveRecorders& live_recorders() {
 void flush_at_exit() noexcept {
   LiveRecorders& live = live_recorders();
   std::lock_guard<std::mutex> lock(live.mutex);
-  for (TraceRecorder* recorder : live.recorders) recorder->flush();
+  for (TraceRecorder* recorder : live.recorders) recorder->exiting();
 }
 
 // "dir/trace.csv" -> "dir/trace.2.csv" for n = 2; "trace" -> "trace.2".
@@ -148,6 +149,7 @@ void TraceRecorder::start(const std::string& path) {
   status_.recording = true;
   status_.path = chosen;
   held_as_ = std::move(key);
+  pid_ = ::getpid();
   live_.clear();
   streams_.clear();
   threads_.clear();
@@ -165,6 +167,13 @@ TraceStatus TraceRecorder::stop() noexcept {
 
 void TraceRecorder::flush() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (recording()) write_out();
+}
+
+void TraceRecorder::exiting() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pid_ != ::getpid()) return;
+  write_at_once_ = true;
   if (recording()) write_out();
 }
 
@@ -231,7 +240,7 @@ void TraceRecorder::releasing_stream(cudaStream_t stream) noexcept {
 
 void TraceRecorder::closing() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  pool_closed_ = true;
+  write_at_once_ = true;
   if (recording()) write_out();
 }
 
@@ -275,7 +284,7 @@ void TraceRecorder::write_line(bool allocation, const void* ptr, std::size_t byt
   buffer_.push_back(',');
   put(stream, 10);
   buffer_.push_back('\n');
-  if (buffer_.size() >= block_bytes || pool_closed_) write_out();
+  if (buffer_.size() >= block_bytes || write_at_once_) write_out();
 }
 
 void TraceRecorder::write_out() noexcept {

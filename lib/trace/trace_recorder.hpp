@@ -37,6 +37,10 @@ class TraceRecorder final : public Observer {
   TraceStatus stop() noexcept;
   void flush() noexcept;
   TraceStatus status() const;
+  // At a normal exit of the process: writes the buffer out, and each line at once from then on
+  // (statics destroyed after the exit handler drop buffers too). Nothing in a child of fork():
+  // its copy of the buffer is the parent's to write.
+  void exiting() noexcept;
 
   void allocated(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept override;
   void freeing(const void* ptr, cudaStream_t stream) noexcept override;
@@ -81,7 +85,9 @@ class TraceRecorder final : public Observer {
   std::string held_as_;        // the key the process's open paths hold the file under
   std::chrono::steady_clock::time_point start_;
   std::string buffer_;
-  bool pool_closed_ = false;  // the MemoryPool object is gone: each line is written at once
+  // The MemoryPool object is gone, or the process is exiting: each line is written at once.
+  bool write_at_once_ = false;
+  int pid_ = 0;  // the process that started the recording (a child of fork() writes none of it)
   std::unordered_map<const void*, Live> live_;
   std::unordered_map<StreamKey, std::uint32_t, StreamKeyHash> streams_;
   std::unordered_map<std::uint64_t, std::uint32_t> threads_;  // by this_thread_token()
