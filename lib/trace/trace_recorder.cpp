@@ -256,7 +256,7 @@ std::uint32_t TraceRecorder::stream_id(const StreamKey& key) {
 }
 
 std::uint32_t TraceRecorder::thread_id() {
-  const auto [it, inserted] = threads_.try_emplace(this_thread_token(),
+  const auto [it, inserted] = threads_.try_emplace(std::this_thread::get_id(),
                                                    static_cast<std::uint32_t>(status_.threads));
   if (inserted) ++status_.threads;
   return it->second;

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -90,7 +91,10 @@ class TraceRecorder final : public Observer {
   int pid_ = 0;  // the process that started the recording (a child of fork() writes none of it)
   std::unordered_map<const void*, Live> live_;
   std::unordered_map<StreamKey, std::uint32_t, StreamKeyHash> streams_;
-  std::unordered_map<std::uint64_t, std::uint32_t> threads_;  // by this_thread_token()
+  // By std::thread::id, which a thread that ended hands to a later one: the two get one number
+  // (they never ran at once, and the replay runs their calls in order on one thread of its own).
+  // A program that makes a thread per task would otherwise ask the replay for a thread each.
+  std::unordered_map<std::thread::id, std::uint32_t> threads_;
 };
 
 }  // namespace streampool::detail
