@@ -340,3 +340,33 @@ TEST_CASE("release_stream that waited for its stream itself leaves nothing count
   CHECK(fake.calls(Call::device_synchronize) == syncs);
   fake.complete_all();
 }
+
+// Found in review (noted 2026-12-05). synchronize_and_reclaim zeroed the stranded bytes and the
+// lost streams before its device synchronize, so a synchronize that failed left the stranded
+// memory uncounted: no later slow path synchronized for it, and it stayed out of reach until
+// some other stream's drops stranded as much again.
+TEST_CASE("a device synchronize that failed leaves the stranded memory counted") {
+  auto options = test_options();
+  options.idle_ms = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  {
+    auto x = Bytes::alloc_async(*pool, 64 * MiB, a);
+    write_on(fake, a, x);
+  }
+  // No event for the last fence and no waiting for the stream: its 64 MiB are stranded.
+  fake.fail_next(Call::event_create);
+  fake.fail_next(Call::stream_synchronize);
+  pool->release_stream(a);
+  REQUIRE(fake.pending_work() != 0);
+  const auto syncs = fake.calls(Call::device_synchronize);
+  fake.fail_next(Call::device_synchronize);
+  cudaStream_t b = fake.create_stream();
+  auto y = Bytes::alloc_async(*pool, 4096, b);  // a slow path: tries to reclaim, and fails
+  REQUIRE(fake.calls(Call::device_synchronize) == syncs + 1);
+  cudaStream_t c = fake.create_stream();
+  auto z = Bytes::alloc_async(*pool, 4096, c);  // the next slow path tries again
+  CHECK(fake.calls(Call::device_synchronize) == syncs + 2);
+  fake.complete_all();
+}

@@ -402,7 +402,7 @@ class PoolCore {
   std::unique_ptr<RawShard[]> raw_;
 
   std::mutex reclaim_mutex_;  // one reclaimer at a time
-  std::atomic<std::size_t> stranded_bytes_{0};  // an estimate, reset by each synchronize
+  std::atomic<std::size_t> stranded_bytes_{0};  // an estimate; a synchronize takes off its own
   std::atomic<std::size_t> lost_streams_{0};     // retired with a virtual fence since then
   std::atomic<std::int64_t> next_idle_check_ns_{0};
 

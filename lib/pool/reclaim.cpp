@@ -176,6 +176,11 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
   // before the fence are covered; blocks other threads drop meanwhile get later needs, which
   // the synchronize does not cover.
+  // What was stranded before the fences is what the synchronize gets back: counted off once it
+  // succeeded (a failed one leaves it for the next slow path); what other threads strand meanwhile
+  // stays counted.
+  const std::size_t stranded = stranded_bytes_.load(std::memory_order_relaxed);
+  const std::size_t lost = lost_streams_.load(std::memory_order_relaxed);
   const std::uint64_t sync = device_timeline_.recorded.load(std::memory_order_relaxed);
   device_timeline_.recorded.store(sync + 1, std::memory_order_release);
   {
@@ -195,12 +200,12 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
       s->lock.unlock();
     }
   }
-  stranded_bytes_.store(0, std::memory_order_relaxed);
-  lost_streams_.store(0, std::memory_order_relaxed);
   if (const cudaError_t status = device_->device_synchronize(); status != cudaSuccess) {
     if (failed != nullptr) *failed = Failure::of(status, "cudaDeviceSynchronize");
     return false;
   }
+  stranded_bytes_.fetch_sub(stranded, std::memory_order_relaxed);
+  lost_streams_.fetch_sub(lost, std::memory_order_relaxed);
   std::uint64_t done = device_timeline_.completed.load(std::memory_order_relaxed);
   while (done < sync + 1 &&
          !device_timeline_.completed.compare_exchange_weak(done, sync + 1,
