@@ -933,8 +933,26 @@ struct FakeDevice::State {
   void block_dropped(std::uintptr_t base, cudaStream_t stream) {
     auto it = live_blocks.find(base);
     if (it == live_blocks.end()) return;
+    drop_block(it, it->second.held ? nullptr : find_stream(stream));
+  }
+
+  // Dropped on its home stream, which no handle names in the calling thread (another thread's
+  // per-thread default stream): known by its id.
+  void block_dropped_home(std::uintptr_t base) {
+    auto it = live_blocks.find(base);
+    if (it == live_blocks.end()) return;
+    Stream* on = nullptr;
+    if (!it->second.held && it->second.home != 0) {
+      auto home = streams.find(it->second.home);
+      if (home != streams.end() && !home->second.destroyed) on = &home->second;
+    }
+    drop_block(it, on);
+  }
+
+  // `on`: the drop's stream; null when the layer above held the block, or the stream is gone.
+  void drop_block(std::map<std::uintptr_t, PoolBlock>::iterator it, Stream* on) {
+    const std::uintptr_t base = it->first;
     const PoolBlock& block = it->second;
-    Stream* on = block.held ? nullptr : find_stream(stream);
     if (on != nullptr) catch_up(*on);
     if (!block.held) {
       for (const auto& [user, use] : block.uses) {
@@ -1838,6 +1856,14 @@ void FakeDevice::block_dropped(const void* ptr, cudaStream_t stream) noexcept {
   std::lock_guard lock(state_->mutex);
   try {
     state_->block_dropped(address_of(ptr), stream);
+  } catch (const std::exception&) {  // bad_alloc, or fmt's format_error
+  }
+}
+
+void FakeDevice::block_dropped_home(const void* ptr) noexcept {
+  std::lock_guard lock(state_->mutex);
+  try {
+    state_->block_dropped_home(address_of(ptr));
   } catch (const std::exception&) {  // bad_alloc, or fmt's format_error
   }
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -209,6 +210,43 @@ TEST_CASE("moving a buffer hands its memory over and leaves the source empty") {
     REQUIRE(source.len() == 50);
     REQUIRE(live() == 2);
   }
+}
+
+// Found by the model check (fuzz), through a CapturePool's release completed on another thread
+// (capture_per_thread.cpp): a buffer's drop is ordered on its own stream, but the pool announced
+// it to the device with the buffer's handle, and cudaStreamPerThread names another stream in every
+// thread: dropped on another thread, the fake saw it dropped on that thread's stream, which its
+// pending write was not ordered before (unrecorded_use). deallocate names its stream as the
+// calling thread does, and stays reported there.
+TEST_CASE("a per-thread stream's buffer dropped on another thread is dropped on its own stream") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+
+  SECTION("a PooledBuffer: nothing to report, and no other stream gets it early") {
+    auto x = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);
+    write_on(fake, cudaStreamPerThread, x);  // stays pending
+    void* const x_ptr = x.data();
+    std::thread([moved = std::move(x)]() mutable { moved.reset(); }).join();
+    INFO(first_hazard(fake));
+    CHECK(fake.hazards().empty());
+    auto y = Bytes::alloc_async(*pool, 4096, other);
+    write_on(fake, other, y);
+    CHECK(static_cast<void*>(y.data()) != x_ptr);
+    CHECK(fake.hazards().empty());
+    // On its own stream it is reusable at once (stream order).
+    auto again = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);
+    CHECK(static_cast<void*>(again.data()) == x_ptr);
+  }
+  SECTION("deallocate on cudaStreamPerThread there names that thread's stream: reported") {
+    void* p = pool->allocate(4096, cudaStreamPerThread);
+    fake.launch(cudaStreamPerThread, {{p, 4096, true}});  // stays pending
+    std::thread([&] { pool->deallocate(p, 4096, cudaStreamPerThread); }).join();
+    const auto hazards = fake.hazards();
+    REQUIRE(hazards.size() == 1);
+    CHECK(hazards.front().kind == FakeDevice::Hazard::Kind::unrecorded_use);
+  }
+  fake.complete_all();
 }
 
 TEST_CASE("reset drops the memory at once and leaves the buffer empty") {

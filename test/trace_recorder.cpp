@@ -217,6 +217,21 @@ TEST_CASE("a free is written on the stream it is ordered on", "[trace]") {
     CHECK(lines[2].stream == 2);  // u: t got 1 at the first record_stream
     CHECK(lines[3].stream == 0);
   }
+  // Found in review (2026-12-05): a buffer's drop was written on the stream its handle names in
+  // the dropping thread, and cudaStreamPerThread names that thread's own stream there: a buffer
+  // moved to another thread (or kept by a CapturePool whose release another thread completes)
+  // was written as a free on a stream it never saw, which a replay takes for a cross-stream free.
+  SECTION("a per-thread stream's buffer dropped on another thread is freed on its own stream") {
+    Bytes a = Bytes::alloc_async(*pool, 4096, cudaStreamPerThread);
+    std::thread([moved = std::move(a)]() mutable { moved.reset(); }).join();
+    void* p = pool->allocate(4096, cudaStreamPerThread);
+    std::thread([&] { pool->deallocate(p, 4096, cudaStreamPerThread); }).join();  // as it names
+    streampool::flush_trace(*pool);
+    const auto lines = read_lines(path);
+    REQUIRE(lines.size() == 4);
+    CHECK((lines[1].action == "free" && lines[1].stream == lines[0].stream));
+    CHECK((lines[3].action == "free" && lines[3].stream != lines[2].stream));
+  }
 #if STREAMPOOL_DEBUG_CHECKS == 0
   // (A debug build aborts on this misuse: memory_pool.hpp.)
   SECTION("a release build frees the whole allocation for a wrong size, and so says the file") {

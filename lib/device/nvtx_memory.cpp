@@ -123,6 +123,14 @@ void NvtxMemory::block_dropped(const void* ptr, cudaStream_t stream) noexcept {
   ForwardingDevice::block_dropped(ptr, stream);
 }
 
+void NvtxMemory::block_dropped_home(const void* ptr) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    remove_region(ptr);
+  }
+  ForwardingDevice::block_dropped_home(ptr);
+}
+
 void NvtxMemory::block_held(const void* ptr, std::size_t bytes) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -29,6 +29,7 @@ class NvtxMemory final : public ForwardingDevice {
   void block_live(const void* ptr, std::size_t bytes, std::size_t size,
                   cudaStream_t stream) noexcept override;
   void block_dropped(const void* ptr, cudaStream_t stream) noexcept override;
+  void block_dropped_home(const void* ptr) noexcept override;
   void block_held(const void* ptr, std::size_t bytes) noexcept override;
 
  private:

@@ -18,7 +18,9 @@ namespace streampool::detail {
 void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // Before the block is on any list, where another thread may take it and announce it live. A
   // gate-owned piece (keeper) was never announced (the layer above announced its range as held).
-  if (b->keeper == nullptr) announce_dropped(b, stream);
+  // Announced on the block's own stream, as it is placed: this thread may be another than the one
+  // whose per-thread stream `stream` named (a CapturePool's release, completed at a safe point).
+  if (b->keeper == nullptr) announce_dropped_home(b, stream);
   StreamState& s = *b->home;
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();

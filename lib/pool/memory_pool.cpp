@@ -39,7 +39,7 @@ Error allocation_error(PoolCore& core, const Failure& failure, std::size_t bytes
 }
 [[gnu::noinline, gnu::cold]] void observed_drop(Observer& observer, PoolCore& core, Block* block,
                                                 cudaStream_t stream) noexcept {
-  observer.freeing(block->ptr, stream);
+  observer.dropping(block->ptr);
   core.drop(block, stream);
 }
 [[gnu::noinline, gnu::cold]] void observed_deallocate(Observer& observer, PoolCore& core,

@@ -150,6 +150,19 @@ class PoolCore {
   void announce_dropped(const Block* b, cudaStream_t stream) noexcept {
     if (notify_) [[unlikely]] device_->block_dropped(b->ptr, stream);
   }
+  // A drop on the block's own stream (drop()), whose handle is `stream`: cudaStreamPerThread
+  // names another stream in every thread, so where the block's is another thread's, the drop is
+  // announced on the block's home stream (a live block's home is never recycled, so its handle
+  // and owner are still those of the allocation).
+  void announce_dropped_home(const Block* b, cudaStream_t stream) noexcept {
+    if (notify_) [[unlikely]] {
+      if (stream == cudaStreamPerThread && !b->home->addressable()) {
+        device_->block_dropped_home(b->ptr);
+      } else {
+        device_->block_dropped(b->ptr, stream);
+      }
+    }
+  }
   void announce_held(const Block* b) noexcept {
     if (notify_) [[unlikely]] device_->block_held(b->ptr, b->size);
   }

@@ -199,6 +199,24 @@ void TraceRecorder::allocated(const void* ptr, std::size_t bytes, cudaStream_t s
 void TraceRecorder::freeing(const void* ptr, cudaStream_t stream) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!recording()) return;
+  try {
+    write_free(ptr, key_of(stream));
+  } catch (const std::bad_alloc&) {
+    fail("no memory to record a free");
+  }
+}
+
+void TraceRecorder::dropping(const void* ptr) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  try {
+    write_free(ptr, std::nullopt);
+  } catch (const std::bad_alloc&) {
+    fail("no memory to record a free");
+  }
+}
+
+void TraceRecorder::write_free(const void* ptr, const std::optional<StreamKey>& key) {
   const auto found = live_.find(ptr);
   if (found == live_.end()) {
     ++status_.unseen_frees;  // allocated before the recording started (or not this pool's)
@@ -206,17 +224,13 @@ void TraceRecorder::freeing(const void* ptr, cudaStream_t stream) noexcept {
   }
   const Live live = found->second;
   live_.erase(found);
-  try {
-    // On its own stream (a buffer's drop always is): the allocation's id, which a release_stream
-    // of the handle since does not change; then the last stream record_stream named, if any.
-    const StreamKey key = key_of(stream);
-    std::uint32_t id = key == live.key ? live.stream : stream_id(key);
-    if (id == live.stream && live.used_on != no_stream) id = live.used_on;
-    write_line(false, ptr, live.bytes, id);
-    ++status_.frees;
-  } catch (const std::bad_alloc&) {
-    fail("no memory to record a free");
-  }
+  // On its own stream (a buffer's drop always is, `key` none): the allocation's id, which a
+  // release_stream of the handle since does not change; then the last stream record_stream
+  // named, if any.
+  std::uint32_t id = !key || *key == live.key ? live.stream : stream_id(*key);
+  if (id == live.stream && live.used_on != no_stream) id = live.used_on;
+  write_line(false, ptr, live.bytes, id);
+  ++status_.frees;
 }
 
 void TraceRecorder::recorded_stream(const void* ptr, cudaStream_t stream) noexcept {

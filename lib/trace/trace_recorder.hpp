@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -45,6 +46,7 @@ class TraceRecorder final : public Observer {
 
   void allocated(const void* ptr, std::size_t bytes, cudaStream_t stream) noexcept override;
   void freeing(const void* ptr, cudaStream_t stream) noexcept override;
+  void dropping(const void* ptr) noexcept override;
   void recorded_stream(const void* ptr, cudaStream_t stream) noexcept override;
   void releasing_stream(cudaStream_t stream) noexcept override;
   void closing() noexcept override;
@@ -73,6 +75,8 @@ class TraceRecorder final : public Observer {
   static StreamKey key_of(cudaStream_t stream) noexcept;
   std::uint32_t stream_id(const StreamKey& key);
   std::uint32_t thread_id();
+  // The free of the live allocation at `ptr`, on the stream `key` names (none: its own).
+  void write_free(const void* ptr, const std::optional<StreamKey>& key);
   void write_line(bool allocation, const void* ptr, std::size_t bytes, std::uint32_t stream);
   // Writes the buffer out; on failure, stops the recording with `what` and the OS's reason.
   void write_out() noexcept;
