@@ -1929,10 +1929,15 @@ void Model::check_stats() {
                      "alive above the true peak {} (at most {})",
                      s.requested_bytes.peak, options_.stats_granule, peak_bytes_, peak_bound_));
   }
-  // A scratch pool destroyed during a capture frees its memory at the next safe point.
+  // A scratch pool destroyed during a capture frees its memory at the next safe point; where the
+  // device's synchronize fails there, it frees what needs none (cudaMalloc's segments, whose
+  // cudaFree waits for the work) and keeps its expandable segments mapped until a later safe
+  // point's synchronize succeeds (PoolCore::release_device_memory). So what the buried pools
+  // still hold only goes down, to nothing: taken as what the device holds beyond this pool.
   auto device_bytes = static_cast<std::int64_t>(fake_->live_bytes());
-  if (deferred_scratch_ != 0 && !capture_active() && device_bytes == s.reserved_bytes.current) {
-    deferred_scratch_ = 0;
+  if (deferred_scratch_ != 0 && !capture_active()) {
+    const std::int64_t held = device_bytes - s.reserved_bytes.current;
+    if (held >= 0 && held < deferred_scratch_) deferred_scratch_ = held;
   }
   expect("reserved_bytes.current", s.reserved_bytes.current, device_bytes - deferred_scratch_,
          true);
