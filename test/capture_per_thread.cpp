@@ -183,3 +183,68 @@ TEST_CASE("a per-thread stream's buffer that a CapturePool kept, dropped when an
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review (2026-12-05), of the same kind as the drop above: a CapturePool dropped
+// mid-capture ends its capture (~CapturePool), and its last reference may go on another thread
+// than the one capturing (a graph's queued release cannot: none completes while a capture is
+// engaged). There cudaStreamPerThread names that thread's own stream: the end was asked of it,
+// which was not capturing, or was, with a capture of its own, which was ended and discarded.
+namespace {
+streampool::CaptureStatus own_capture_status(FakeDevice& fake) {
+  streampool::CaptureStatus status = streampool::CaptureStatus::none;
+  REQUIRE(fake.capture_info(cudaStreamPerThread, &status, nullptr) == cudaSuccess);
+  return status;
+}
+void end_own_capture_if_left(FakeDevice& fake) {
+  if (own_capture_status(fake) == streampool::CaptureStatus::none) return;
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(cudaStreamPerThread, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+}
+}  // namespace
+
+TEST_CASE("a per-thread capture's CapturePool dropped on another thread leaves that thread's own "
+          "capture alone") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::thread_local_);
+  streampool::CaptureStatus other_status = streampool::CaptureStatus::none;
+  bool other_ended = false;
+  std::thread([&, moved = std::move(cp)]() mutable {
+    auto own = std::make_shared<CapturePool>(*pool);
+    streampool::begin_capture_with_pool(own, cudaStreamPerThread, CaptureMode::thread_local_);
+    moved.reset();  // the last reference: abandoned mid-capture
+    other_status = own_capture_status(fake);
+    try {
+      CapturedGraph graph = streampool::end_capture_with_pool(cudaStreamPerThread, own);
+      other_ended = true;
+    } catch (const streampool::Error&) {
+    }
+  }).join();
+  CHECK(other_status == streampool::CaptureStatus::active);
+  CHECK(other_ended);
+  end_own_capture_if_left(fake);
+  fake.complete_all();
+}
+
+// What is left: only the capturing thread can end its per-thread stream's capture, and nothing
+// asks it to. The capture stays under way, with no pool bound to it: the thread's allocations on
+// it fail with capture_without_pool (as for a capture begun without a pool), and it ends the
+// capture itself (capture_pool.hpp says so).
+TEST_CASE("a per-thread capture whose CapturePool goes on another thread is left to its thread, "
+          "unbound") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::thread_local_);
+  std::thread([moved = std::move(cp)]() mutable { moved.reset(); }).join();
+  CHECK(own_capture_status(fake) == streampool::CaptureStatus::active);
+  std::error_code error;
+  auto b = Bytes::try_alloc_async(*pool, 4096, cudaStreamPerThread, error);
+  CHECK(b.is_empty());
+  CHECK(error == streampool::Errc::capture_without_pool);
+  end_own_capture_if_left(fake);
+  CHECK(own_capture_status(fake) == streampool::CaptureStatus::none);
+  fake.complete_all();
+}

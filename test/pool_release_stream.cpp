@@ -370,3 +370,39 @@ TEST_CASE("a device synchronize that failed leaves the stranded memory counted")
   CHECK(fake.calls(Call::device_synchronize) == syncs + 2);
   fake.complete_all();
 }
+
+// Found in review (2026-12-05) of ede7375, which keeps the stranded memory counted after a device
+// synchronize that failed, so that the next slow path tries again: a failed synchronize leaves
+// a virtual fence on every stream, which only a device synchronize completes, and each stream's
+// later fences complete in order behind it. With nothing stranded (a trim, or the out-of-memory
+// ladder, whose synchronize failed), no slow path tried again: no block dropped on any stream
+// since reached another stream, however long its own fence had completed.
+TEST_CASE("after a device synchronize that failed, blocks fenced since reach other streams") {
+  auto options = one_block_slabs();
+  options.fence_every_free = true;
+  options.idle_ms = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  // Both streams seen, with nothing of the small size on either list.
+  Bytes::alloc_async(*pool, 100000, a).reset();
+  Bytes::alloc_async(*pool, 100000, b).reset();
+  fake.complete_all();
+  fake.fail_next(Call::device_synchronize);
+  const auto syncs = fake.calls(Call::device_synchronize);
+  pool->trim(std::size_t{1} << 40);  // synchronizes (and fails), keeps the memory
+  REQUIRE(fake.calls(Call::device_synchronize) == syncs + 1);
+  void* dropped = nullptr;
+  {
+    auto x = Bytes::alloc_async(*pool, 4096, a);
+    write_on(fake, a, x);
+    dropped = x.data();
+  }  // fenced (an event) at once: fence_every_free
+  fake.complete(a);  // the fence completed
+  auto handed = Bytes::alloc_async(*pool, 4096, b);
+  CHECK(static_cast<void*>(handed.data()) == dropped);
+  write_on(fake, b, handed);
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}

@@ -76,7 +76,10 @@ class STREAMPOOL_API CapturePool {
   explicit CapturePool(MemoryPool& source);
   // Drops the registered buffers in registration order, then returns the private memory. If a
   // capture with this pool is still under way, ends it and discards what it captured; one only
-  // prepared (prepare_capture_with_pool, not attached) is given up, as detach does.
+  // prepared (prepare_capture_with_pool, not attached) is given up, as detach does. A capture of
+  // cudaStreamPerThread ends only on its own thread: where the last reference goes on another,
+  // the capture is left under way, with no pool bound to it (its allocations through the
+  // MemoryPool fail with Errc::capture_without_pool), for its thread to end.
   ~CapturePool();
   CapturePool(const CapturePool&) = delete;
   CapturePool& operator=(const CapturePool&) = delete;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -193,7 +194,11 @@ CapturePool::~CapturePool() {
   if (capture.active) {
     // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture. If CUDA
     // refuses every end, the stream is let go anyway: nothing could end it through this pool.
-    leave_capture(binding_->core(), capture.stream, end_attempts);
+    // Nor can another thread end a per-thread stream's: there cudaStreamPerThread names a stream
+    // of its own, perhaps capturing for another pool (found in review, 2026-12-05).
+    if (capture.stream != cudaStreamPerThread || capture.thread == std::this_thread::get_id()) {
+      leave_capture(binding_->core(), capture.stream, end_attempts);
+    }
     unbind(*binding_);
   } else {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)

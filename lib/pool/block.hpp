@@ -27,6 +27,10 @@ struct Timeline {
   std::atomic<std::uint64_t> recorded{0};   // fences recorded so far; the next one's index
   std::atomic<std::uint64_t> completed{0};  // every fence with a smaller index has completed
   StreamState* stream = nullptr;            // whose fences; null for the device's synchronizes
+  // Where it sorts among timelines (LargeTier's ranges by owner): a stream state's creation
+  // number, from 1; 0 for the others. Not its address, so that the same calls make the same
+  // choices in every run.
+  std::uint64_t order = 0;
 };
 
 // What must happen before a free block may go to a stream other than the one it is kept for:

@@ -148,8 +148,11 @@ class LargeTier {
   };
   struct ByOwner {
     bool operator()(const Block* a, const Block* b) const noexcept {
-      if (a->need.timeline != b->need.timeline) {
-        return std::less<const Timeline*>()(a->need.timeline, b->need.timeline);
+      const Timeline* x = a->need.timeline;
+      const Timeline* y = b->need.timeline;
+      if (x != y) {
+        if (x->order != y->order) return x->order < y->order;
+        return std::less<const Timeline*>()(x, y);  // two that are no stream's
       }
       return BySize()(a, b);
     }

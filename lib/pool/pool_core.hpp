@@ -417,6 +417,9 @@ class PoolCore {
   std::mutex reclaim_mutex_;  // one reclaimer at a time
   std::atomic<std::size_t> stranded_bytes_{0};  // an estimate; a synchronize takes off its own
   std::atomic<std::size_t> lost_streams_{0};     // retired with a virtual fence since then
+  // The last device synchronize failed: its virtual fence on every stream stays pending, and
+  // each stream's later fences complete behind it, until one succeeds.
+  std::atomic<bool> synchronize_failed_{false};
   std::atomic<std::int64_t> next_idle_check_ns_{0};
 
   std::atomic<std::int64_t> requested_published_{0};

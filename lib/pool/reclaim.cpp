@@ -202,8 +202,11 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   }
   if (const cudaError_t status = device_->device_synchronize(); status != cudaSuccess) {
     if (failed != nullptr) *failed = Failure::of(status, "cudaDeviceSynchronize");
+    // Its virtual fences hold every stream's later ones back: the next slow path tries again.
+    synchronize_failed_.store(true, std::memory_order_relaxed);
     return false;
   }
+  synchronize_failed_.store(false, std::memory_order_relaxed);
   stranded_bytes_.fetch_sub(stranded, std::memory_order_relaxed);
   lost_streams_.fetch_sub(lost, std::memory_order_relaxed);
   std::uint64_t done = device_timeline_.completed.load(std::memory_order_relaxed);
@@ -267,7 +270,8 @@ void PoolCore::reclaim_if_stranded() noexcept {
       stranded_floor,
       static_cast<std::size_t>(std::max<std::int64_t>(requested_published_.load(), 0)) / 2);
   if (stranded_bytes_.load(std::memory_order_relaxed) < limit &&
-      lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit) {
+      lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit &&
+      !synchronize_failed_.load(std::memory_order_relaxed)) {
     return;
   }
   synchronize_and_reclaim();

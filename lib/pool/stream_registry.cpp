@@ -164,6 +164,7 @@ StreamState* StreamRegistry::fresh_state() {
   auto state = std::make_unique<StreamState>();
   state->free = make_free_lists(classes_);
   state->timeline.stream = state.get();
+  state->timeline.order = ++created_;
   state->core = &pool_;
   state->next_state = first_.load(std::memory_order_relaxed);
   StreamState* s = state.release();

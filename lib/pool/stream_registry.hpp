@@ -110,6 +110,7 @@ class StreamRegistry {
   std::deque<StreamState*> retired_;                          // oldest first
   std::atomic<std::size_t> waiting_{0};                       // retired_.size()
   std::size_t registered_ = 0;
+  std::uint64_t created_ = 0;  // stream states made: the last one's Timeline::order
 };
 
 }  // namespace streampool::detail
