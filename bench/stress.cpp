@@ -282,6 +282,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   std::vector<std::unique_ptr<StressLane>> lanes;
   for (unsigned t = 0; t < threads; ++t) lanes.push_back(target->make_lane());
   auto pool = std::make_unique<MemoryPool>(watch, pool_options);
+  const LockContention contention_before = lock_contention();
   Shared shared(*pool, threads);
   std::vector<WorkerState> workers(threads);
   Started started{*target};
@@ -377,6 +378,16 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
   }
   result.stats = pool->stats();
   pool.reset();
+  {
+    const LockContention now = lock_contention();
+    const auto since = [](LockWaits after, LockWaits before) {
+      return LockWaits{after.waits - before.waits, after.ns - before.ns};
+    };
+    const LockContention& b = contention_before;
+    result.contention = {since(now.stream, b.stream), since(now.revocation, b.revocation),
+                         since(now.arena, b.arena), since(now.growth, b.growth),
+                         since(now.events, b.events)};
+  }
   for (const CallCounts::Count& c : counts->counts()) {
     result.device_calls.push_back({c.call, c.calls, c.ns});
   }
@@ -658,6 +669,17 @@ Table stress_table(const StressResult& r) {
                   bytes_text(r.true_requested_peak)));
   if (r.target == "fake device") row("hazards", fmt::format("{}", r.hazard_count));
   row("failed allocations", fmt::format("{}", r.failed_allocations));
+  // How often a thread waited for one of the pool's locks, per buffer, and for how long a wait.
+  const auto waits = [&](const char* lock, LockWaits w) {
+    row(fmt::format("{} waits per buffer (mean ns a wait)", lock),
+        fmt::format("{:.3f} ({:.0f})", r.buffers ? double(w.waits) / double(r.buffers) : 0.0,
+                    w.waits ? double(w.ns) / double(w.waits) : 0.0));
+  };
+  waits("stream lock", r.contention.stream);
+  waits("stream lock revocation", r.contention.revocation);
+  waits("arena lock", r.contention.arena);
+  waits("growth lock", r.contention.growth);
+  waits("event pool lock", r.contention.events);
   // What the pool asked of the device per buffer, and the mean CPU time of each call.
   for (const StressResult::DeviceCalls& c : r.device_calls) {
     row(fmt::format("{} calls per buffer (mean ns a call)", c.call),

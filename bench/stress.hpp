@@ -144,6 +144,9 @@ struct StressResult {
     std::uint64_t ns = 0;
   };
   std::vector<DeviceCalls> device_calls;
+  // The waits for the pool's locks during the run (lock_contention(): the process's, so one run
+  // at a time).
+  LockContention contention;
 
   double buffers_per_second() const { return seconds > 0 ? double(buffers) / seconds : 0.0; }
   double fences_per_buffer() const {

@@ -34,6 +34,24 @@ struct PoolStats {
   std::uint64_t growth_waits = 0;
 };
 
+// Waits for the pools' locks, counted for the whole process since it started, by every pool
+// (lock_contention()): a diagnostic for tuning many threads on many streams, as the bench's
+// stress reports it. Only waits are counted and timed: an acquisition that found the lock free
+// costs nothing more.
+struct LockWaits {
+  std::uint64_t waits = 0;  // acquisitions that found the lock held
+  std::uint64_t ns = 0;     // the time they waited, in all
+};
+struct LockContention {
+  LockWaits stream;      // a stream's lock held by another thread
+  LockWaits revocation;  // a stream's lock taken from the thread it was biased to (a barrier on
+                         // every CPU running the process, then waiting for that thread to leave)
+  LockWaits arena;       // the large tier's lock (ranges of 256 KiB and up, by default)
+  LockWaits growth;      // the large tier's growth lock (one device allocation at a time)
+  LockWaits events;      // the idle fence events
+};
+STREAMPOOL_API LockContention lock_contention() noexcept;
+
 // Where the reserved memory is at one moment (MemoryPool::breakdown()): a walk under the pool's
 // locks, for diagnostics, not for a hot loop. Taken while other threads allocate and drop, its
 // parts are each exact at their own moment but need not add up to one moment's whole.

@@ -2,6 +2,7 @@
 #include "biased_lock.hpp"
 
 #include "checks.hpp"
+#include "contention.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -154,7 +155,11 @@ BiasedLock::Owner* BiasedLock::this_thread_owner() noexcept {
 }
 
 void BiasedLock::lock_slow() noexcept {
-  inner_.lock();
+  if (!inner_.try_lock()) {
+    const std::int64_t since = contention::clock_ns();
+    inner_.lock();
+    contention::waited(contention::stream, since);
+  }
 #if defined(__linux__)
   if (!biasing_available()) return;
   Owner* const me = this_thread_owner();
@@ -172,9 +177,11 @@ void BiasedLock::lock_slow() noexcept {
     // Sweeps' pending marks go with the bias (each finds it cleared, or biased again with another
     // generation).
     marks_ = 0;
+    const std::int64_t since = contention::clock_ns();
     revoking_.store(true, std::memory_order_seq_cst);  // a full fence here, and then
     heavy_barrier();                                   // one on the owner's CPU
     wait_for(*bias, this);
+    contention::waited(contention::revocation, since);
     bias_.store(nullptr, std::memory_order_relaxed);
     threshold_ = std::min(threshold_ * 2, last_threshold);
     last_ = me;

@@ -126,7 +126,7 @@ bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) 
     error = Failure::of(status, "cuMemAddressReserve");
     return false;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   try {
     auto segment = std::make_unique<Segment>();
     Block* hole = new_block();
@@ -281,7 +281,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     std::size_t chunks = 0;  // the mappings this growth makes, at most
     bool new_home = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<CountedMutex> lock(mutex_);
       // Stream homes: s grows in its own reservation, which it claims (one with no home, or a
       // retired stream's) or makes while fewer than stream_homes live streams have one. Not
       // while more streams than that ask for large memory (crowded_): growths confined to
@@ -349,7 +349,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     try {
       mappings.reserve(chunks);
     } catch (const std::bad_alloc&) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<CountedMutex> lock(mutex_);
       delete_block(rest);
       error = Errc::out_of_memory;
       return nullptr;
@@ -358,7 +358,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
     const bool mapped = map(plan, mappings, left, error);
     Block* range = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<CountedMutex> lock(mutex_);
       // Where the addresses of a chunk whose calls failed begin: what fill() leaves a hole.
       Block* const unfilled = mappings.empty() ? plan.hole : rest;
       if (mappings.empty()) delete_block(rest);

@@ -35,7 +35,7 @@ EventPool::~EventPool() {
 
 cudaEvent_t EventPool::take() noexcept {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<CountedMutex> lock(mutex_);
     if (!idle_.empty()) {
       cudaEvent_t event = idle_.back();
       idle_.pop_back();
@@ -47,13 +47,13 @@ cudaEvent_t EventPool::take() noexcept {
 }
 
 std::vector<cudaEvent_t> EventPool::drain() noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   return std::exchange(idle_, {});
 }
 
 void EventPool::give(cudaEvent_t event) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<CountedMutex> lock(mutex_);
     idle_.push_back(event);
   } catch (const std::bad_alloc&) {
     device_.event_destroy(event);

@@ -5,6 +5,7 @@
 // policy records as few as keep memory moving between streams and bounded when a stream goes.
 #pragma once
 
+#include "contention.hpp"
 #include "stream_state.hpp"
 
 #include <streampool/device.hpp>
@@ -57,7 +58,7 @@ class EventPool {
 
  private:
   Device& device_;
-  std::mutex mutex_;
+  CountedMutex mutex_{contention::events};
   std::vector<cudaEvent_t> idle_;
 };
 

@@ -377,7 +377,7 @@ Block* LargeTier::tighter_owned(StreamState& s, std::size_t rounded) noexcept {
 Block* LargeTier::find_tight(StreamState& s, std::size_t rounded, Need* had) noexcept {
   StreamState* owner = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<CountedMutex> lock(mutex_);
     note_request(s);
     const Block* other = tighter_owned(s, rounded);
     if (other == nullptr) return find_locked(&s, rounded, had);
@@ -386,13 +386,13 @@ Block* LargeTier::find_tight(StreamState& s, std::size_t rounded, Need* had) noe
   owner->lock.lock();
   pool_.refresh(*owner);
   owner->lock.unlock();
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   tighter_owned(s, rounded);  // moves the range to the clean index if its fence completed
   return find_locked(&s, rounded, had);
 }
 
 Block* LargeTier::find(StreamState* s, std::size_t rounded, Need* had) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   return find_locked(s, rounded, had);
 }
 
@@ -428,7 +428,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // without homes: homes place memory, they never make a request fail.
   const auto anywhere = [&]() -> Block* {
     if (s == nullptr || options_.stream_homes == 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<CountedMutex> lock(mutex_);
     Block* range = find_locked(s, rounded, had, /*anywhere=*/true);
     if (range != nullptr) error.clear();
     return range;
@@ -439,7 +439,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   }
   // One thread grows at a time (cudaMalloc is slow, and threads that missed together would each
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
-  std::unique_lock<std::mutex> growing(growth_mutex_);
+  std::unique_lock<CountedMutex> growing(growth_mutex_);
   // At most one wait for s per growth (strands_own), made with growth_mutex_ released: other
   // growths (slabs of any stream, trim) go on while s's queued work drains.
   for (bool may_wait = s != nullptr;; may_wait = false) {
@@ -482,7 +482,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     error = Failure::of(status, "cudaMalloc");  // cudaErrorMemoryAllocation: out_of_memory
     return nullptr;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   try {
     auto segment = std::make_unique<Segment>();
     Block* range = new_block();
@@ -524,7 +524,7 @@ Block* LargeTier::cut(Block* range, std::size_t bytes) noexcept {
 }
 
 std::size_t LargeTier::put(Block* range, Need need) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   STREAMPOOL_ASSERT(!range->free || range->is_slab);  // not indexed
   std::size_t tainted = 0;
   range->need = need;
@@ -586,7 +586,7 @@ void LargeTier::ask_owners(StreamState& s) noexcept {
   // covers yet.
   std::vector<std::pair<StreamState*, bool>> owners;
   try {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<CountedMutex> lock(mutex_);
     for (Block* range : owned_) {
       if (covered(range->need)) continue;
       StreamState* owner = range->need.timeline->stream;
@@ -613,7 +613,7 @@ void LargeTier::ask_owners(StreamState& s) noexcept {
 }
 
 void LargeTier::coalesce_covered() noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   const auto free_covered = [&](Block* r) {
     return r != nullptr && r->free && !r->is_slab && normalize(r);
   };
@@ -633,8 +633,8 @@ void LargeTier::coalesce_covered() noexcept {
 std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept {
   if (!calls_allowed(Restricted::free)) return 0;
   coalesce_covered();
-  std::lock_guard<std::mutex> growing(growth_mutex_);  // holes change only under it
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> growing(growth_mutex_);  // holes change only under it
+  std::lock_guard<CountedMutex> lock(mutex_);
   Device& device = pool_.device();
   std::size_t released = release_unreleased();
   for (std::size_t i = 0; i < segments_.size();) {
@@ -677,7 +677,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
 }
 
 void LargeTier::describe(PoolBreakdown& out) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   for (const auto& segment : segments_) {
     ++out.segments;
     out.segment_bytes +=
@@ -697,7 +697,7 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
 }
 
 bool LargeTier::consistent() noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<CountedMutex> lock(mutex_);
   std::size_t indexed = 0;
   for (const auto& segment : segments_) {
     std::byte* at = segment->base;

@@ -33,6 +33,7 @@
 #pragma once
 
 #include "block.hpp"
+#include "contention.hpp"
 #include "failure.hpp"
 
 #include <streampool/device.hpp>
@@ -282,8 +283,8 @@ class LargeTier {
 
   PoolCore& pool_;
   const PoolOptions& options_;
-  std::mutex growth_mutex_;  // one device allocation at a time; taken before mutex_
-  std::mutex mutex_;
+  CountedMutex growth_mutex_{contention::growth};  // one device allocation at a time; before mutex_
+  CountedMutex mutex_{contention::arena};
   std::vector<std::unique_ptr<Segment>> segments_;
   std::set<Block*, BySize> clean_;
   std::set<Block*, ByOwner> owned_;

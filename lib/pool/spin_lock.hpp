@@ -31,6 +31,10 @@ class SpinLock {
     if (!locked_.exchange(true, std::memory_order_acquire)) return;
     lock_contended();
   }
+  bool try_lock() noexcept {
+    return !locked_.load(std::memory_order_relaxed) &&
+           !locked_.exchange(true, std::memory_order_acquire);
+  }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
  private:
