@@ -152,8 +152,12 @@ class LargeTier {
       const Timeline* x = a->need.timeline;
       const Timeline* y = b->need.timeline;
       if (x != y) {
-        if (x->order != y->order) return x->order < y->order;
-        return std::less<const Timeline*>()(x, y);  // two that are no stream's
+        // None (a clean range, as consistent() asks of each) sorts with the timelines of no
+        // stream, which have order 0.
+        const std::uint64_t ox = x != nullptr ? x->order : 0;
+        const std::uint64_t oy = y != nullptr ? y->order : 0;
+        if (ox != oy) return ox < oy;
+        return std::less<const Timeline*>()(x, y);
       }
       return BySize()(a, b);
     }
