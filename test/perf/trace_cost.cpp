@@ -3,9 +3,13 @@
 // with the modes interleaved so that a busy machine disturbs both alike. Prints the median and
 // the fastest repeat in nanoseconds per pair.
 //
-//   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES] [checks=none|full]
+//   streampool_trace_cost [pairs=N] [repeats=R] [threads=T] [size=BYTES|random] [checks=none|full]
 //                         [modes=both|off] [device=fake|quiet] [streams=own|one]
 //                         [stats_every=MICROSECONDS]
+//
+// size=random gives each pair a size of its own, 256 KiB to 8 MiB (a sequence of each thread's,
+// the same in every run): the large tier's ranges, which its shelf (exact sizes) rarely serves,
+// so that pairs go through the arena and its lock, as half of the stress's buffers do.
 //
 // device=quiet wraps the fake device in one that wants no notifications, as a real device does:
 // the fake's bookkeeping of every block (its race detector) is then left out and the figures are
@@ -50,6 +54,7 @@ struct Settings {
   int repeats = 7;
   int threads = 2;
   std::size_t size = 4096;
+  bool random_sizes = false;  // size=random
   streampool::StreamChecks checks = streampool::StreamChecks::none;
   bool on = true;  // measure with the recorder on too (where the library has it)
   bool quiet = false;       // device=quiet
@@ -103,9 +108,15 @@ double run(const Settings& settings, int threads, [[maybe_unused]] const std::st
         }
         ready.fetch_add(1);
         while (!go.load()) std::this_thread::yield();
+        std::uint64_t seed = 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(t + 1);
+        const auto size_of = [&]() -> std::size_t {
+          if (!settings.random_sizes) return settings.size;
+          seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+          return (std::size_t{256} << 10) + (seed >> 33) % ((std::size_t{8} << 20) - (256 << 10));
+        };
         const auto start = Clock::now();
         for (std::uint64_t i = 0; i < settings.pairs; ++i) {
-          Bytes b = Bytes::alloc_async(pool, settings.size, streams[t]);
+          Bytes b = Bytes::alloc_async(pool, size_of(), streams[t]);
           sink += reinterpret_cast<std::uintptr_t>(b.data());
         }
         const auto stop = Clock::now();
@@ -156,6 +167,7 @@ bool parse(Settings& s, const std::string& arg) {
   if (key == "pairs") s.pairs = std::stoull(value);
   else if (key == "repeats") s.repeats = std::stoi(value);
   else if (key == "threads") s.threads = std::stoi(value);
+  else if (key == "size" && value == "random") s.random_sizes = true;
   else if (key == "size") s.size = std::stoull(value);
   else if (key == "checks" && value == "none") s.checks = streampool::StreamChecks::none;
   else if (key == "checks" && value == "full") s.checks = streampool::StreamChecks::full;
@@ -203,8 +215,10 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("%s pairs of %zu bytes per thread, %d repeats, stream_checks=%s, %s, %s\n",
-              std::to_string(settings.pairs).c_str(), settings.size, settings.repeats,
+  std::printf("%s pairs of %s bytes per thread, %d repeats, stream_checks=%s, %s, %s\n",
+              std::to_string(settings.pairs).c_str(),
+              settings.random_sizes ? "256 KiB-8 MiB" : std::to_string(settings.size).c_str(),
+              settings.repeats,
               settings.checks == streampool::StreamChecks::none ? "none" : "full",
               settings.quiet ? "fake device without notifications" : "fake device",
               settings.one_stream ? "one stream for all threads" : "a stream per thread");
