@@ -313,6 +313,22 @@ TEST_CASE("release_stream where no event can be had for its fence waits for the 
   fake.complete_all();
 }
 
+namespace {
+// A pool that retires nothing for being idle, and its first stream, on which 64 MiB were written
+// and dropped (the only stream so far: no fence at the drop), the write still pending.
+cudaStream_t sixty_four_mib_dropped(PoolOnFake& pool) {
+  cudaStream_t a = pool.fake().create_stream();
+  auto x = Bytes::alloc_async(*pool, 64 * MiB, a);
+  write_on(pool.fake(), a, x);
+  return a;
+}
+streampool::PoolOptions without_idle_retirement() {
+  auto options = test_options();
+  options.idle_ms = 0;
+  return options;
+}
+}  // namespace
+
 // Found in review (2026-12-05). Where no event can be had for a released stream's last fence,
 // empty_retired now gives it a virtual fence, and counts what was dropped on it since its last
 // fence as stranded (note_stranded) and the stream as lost (lost_streams_), as for a stream that
@@ -321,16 +337,9 @@ TEST_CASE("release_stream where no event can be had for its fence waits for the 
 // (reclaim_if_stranded) synchronizes the whole device for memory that is already clean. Before
 // the commit the stream synchronize made the fence in empty_retired and nothing was counted.
 TEST_CASE("release_stream that waited for its stream itself leaves nothing counted as stranded") {
-  auto options = test_options();
-  options.idle_ms = 0;
-  PoolOnFake pool(options);
+  PoolOnFake pool(without_idle_retirement());
   FakeDevice& fake = pool.fake();
-  cudaStream_t a = fake.create_stream();
-  {
-    // The only stream so far: no fence at its drop.
-    auto x = Bytes::alloc_async(*pool, 64 * MiB, a);
-    write_on(fake, a, x);
-  }
+  cudaStream_t a = sixty_four_mib_dropped(pool);
   fake.fail_next(Call::event_create);  // no event for release_stream's fence
   pool->release_stream(a);
   REQUIRE(fake.pending_work() == 0);  // release_stream waited for a: its blocks are clean
@@ -346,15 +355,9 @@ TEST_CASE("release_stream that waited for its stream itself leaves nothing count
 // memory uncounted: no later slow path synchronized for it, and it stayed out of reach until
 // some other stream's drops stranded as much again.
 TEST_CASE("a device synchronize that failed leaves the stranded memory counted") {
-  auto options = test_options();
-  options.idle_ms = 0;
-  PoolOnFake pool(options);
+  PoolOnFake pool(without_idle_retirement());
   FakeDevice& fake = pool.fake();
-  cudaStream_t a = fake.create_stream();
-  {
-    auto x = Bytes::alloc_async(*pool, 64 * MiB, a);
-    write_on(fake, a, x);
-  }
+  cudaStream_t a = sixty_four_mib_dropped(pool);
   // No event for the last fence and no waiting for the stream: its 64 MiB are stranded.
   fake.fail_next(Call::event_create);
   fake.fail_next(Call::stream_synchronize);
