@@ -79,7 +79,11 @@ class STREAMPOOL_API CapturePool {
   // prepared (prepare_capture_with_pool, not attached) is given up, as detach does. A capture of
   // cudaStreamPerThread ends only on its own thread: where the last reference goes on another,
   // the capture is left under way, with no pool bound to it (its allocations through the
-  // MemoryPool fail with Errc::capture_without_pool), for its thread to end.
+  // MemoryPool fail with Errc::capture_without_pool), for its thread to end with
+  // cudaStreamEndCapture and discard: the graph would use memory this pool no longer holds.
+  // Until that thread's next trim, CapturePool or capture with a pool sees it ended (or the
+  // thread exits), the library still counts it as a capture under way and makes no call it
+  // would refuse (no device synchronize; in global or thread-local mode no cudaMalloc).
   ~CapturePool();
   CapturePool(const CapturePool&) = delete;
   CapturePool& operator=(const CapturePool&) = delete;

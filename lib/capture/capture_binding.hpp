@@ -58,8 +58,9 @@ class CaptureBinding {
     CaptureMode mode = CaptureMode::global;
     cudaStream_t stream = nullptr;
     StreamState* origin = nullptr;
-    std::thread::id thread;
+    std::thread::id thread;  // the capturing thread, as the capture guard counts it
     Need before;  // covers the stream's work enqueued before the capture began
+    std::uint64_t token = 0;  // the capturing thread's this_thread_token()
   };
   Capture capture() const noexcept;
   // Claims the binding for a capture about to begin; false when another has it.

@@ -1,5 +1,7 @@
 #include "capture_gate.hpp"
 
+#include "capture_guard.hpp"
+
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
@@ -129,6 +131,7 @@ StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {
 }
 
 void CaptureGate::safe_point() noexcept {
+  settle_left_captures();
   complete_graph_releases();
   bury_dead_pools();
 }

@@ -1,10 +1,14 @@
 #include "capture_guard.hpp"
 
 #include "../pool/gate.hpp"
+#include "../pool/stream_state.hpp"  // this_thread_token
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 namespace streampool::detail {
 
@@ -25,6 +29,75 @@ PerThread& per_thread() {
   static PerThread* instance = new PerThread;  // never destroyed: used until the very end
   return *instance;
 }
+
+// Captures left under way (capture_guard.hpp), and the threads that began captures and have not
+// exited (by this_thread_token(), which no later thread gets).
+struct Left {
+  CaptureMode mode;
+  std::thread::id thread;
+  std::uint64_t token;
+  std::shared_ptr<Device> device;  // asked for the capture status of its per-thread stream
+};
+struct LeftCaptures {
+  std::mutex mutex;
+  std::vector<Left> left;
+  std::unordered_set<std::uint64_t> watched;
+  std::atomic<int> count{0};  // left.size(), read without the mutex
+};
+LeftCaptures& left_captures() {
+  static LeftCaptures* instance = new LeftCaptures;  // never destroyed, as per_thread()
+  return *instance;
+}
+
+// Takes out the captures left to `token` for which `over` holds; their notes end after.
+template <class Over>
+void settle(std::uint64_t token, Over&& over) noexcept {
+  LeftCaptures& l = left_captures();
+  std::vector<Left> mine;
+  {
+    std::lock_guard<std::mutex> lock(l.mutex);
+    try {
+      for (const Left& left : l.left) {
+        if (left.token == token) mine.push_back(left);
+      }
+    } catch (const std::bad_alloc&) {
+      return;  // still counted: calls stay refused, which is safe
+    }
+  }
+  for (const Left& left : mine) {
+    if (!over(left)) continue;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(l.mutex);
+      // Another call may have settled it meanwhile (only the thread itself, or its exit, does).
+      const auto it = std::find_if(l.left.begin(), l.left.end(), [&](const Left& x) {
+        return x.token == left.token && x.device == left.device && x.mode == left.mode;
+      });
+      if (it != l.left.end()) {
+        l.left.erase(it);
+        l.count.fetch_sub(1, std::memory_order_relaxed);
+        found = true;
+      }
+    }
+    if (found) note_capture_end(left.mode, left.thread);
+  }
+}
+
+// At the exit of a thread that began a capture: what was left to it can no longer be ended by it.
+struct ExitWatch {
+  bool armed = false;
+  ~ExitWatch() {
+    if (!armed) return;
+    const std::uint64_t token = this_thread_token();
+    {
+      LeftCaptures& l = left_captures();
+      std::lock_guard<std::mutex> lock(l.mutex);
+      l.watched.erase(token);
+    }
+    settle(token, [](const Left&) { return true; });
+  }
+};
+thread_local ExitWatch exit_watch;
 
 }  // namespace
 
@@ -49,6 +122,41 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
     if (found != per_thread().count.end() && --found->second == 0) per_thread().count.erase(found);
     thread_local_captures.fetch_sub(1);
   }
+}
+
+void watch_capturing_thread() {
+  if (exit_watch.armed) return;
+  LeftCaptures& l = left_captures();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  l.watched.insert(this_thread_token());
+  exit_watch.armed = true;
+}
+
+void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
+                       std::shared_ptr<Device> device) noexcept {
+  {
+    LeftCaptures& l = left_captures();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (l.watched.count(token) != 0) {
+      try {
+        l.left.push_back({mode, thread, token, std::move(device)});
+        l.count.fetch_add(1, std::memory_order_relaxed);
+        return;
+      } catch (const std::bad_alloc&) {
+        // Not kept: counted over below, as if its thread had exited.
+      }
+    }
+  }
+  note_capture_end(mode, thread);  // its thread has exited: nothing can end it now
+}
+
+void settle_left_captures() noexcept {
+  if (left_captures().count.load(std::memory_order_relaxed) == 0) return;
+  settle(this_thread_token(), [](const Left& left) {
+    CaptureStatus status = CaptureStatus::active;
+    return left.device->capture_info(cudaStreamPerThread, &status, nullptr) == cudaSuccess &&
+           status == CaptureStatus::none;
+  });
 }
 
 bool calls_allowed(Restricted call) noexcept {

@@ -100,15 +100,20 @@ bool leave_capture(detail::PoolCore& core, cudaStream_t stream, int attempts) no
   return false;
 }
 
-// Unbinds the binding's capture from its stream and from the gate.
-void unbind(detail::CaptureBinding& binding) noexcept {
+// Unbinds the binding's capture from its stream and from the gate. `over`: the capture is over
+// (ended, or its stream let go); else it is left under way to its thread (note_capture_left).
+void unbind(detail::CaptureBinding& binding, bool over = true) noexcept {
   const detail::CaptureBinding::Capture capture = binding.capture();
   if (!capture.active) return;
   detail::PoolCore& core = binding.core();
   capture.origin->attention.fetch_and(~detail::gated, std::memory_order_release);
   detail::CaptureGate::of(core).unbind(
       detail::CaptureGate::key_of(capture.stream, capture.origin), capture.id);
-  detail::note_capture_end(capture.mode, capture.thread);
+  if (over) {
+    detail::note_capture_end(capture.mode, capture.thread);
+  } else {
+    detail::note_capture_left(capture.mode, capture.thread, capture.token, core.shared_device());
+  }
   binding.end_capture();
   binding.unref();  // the capture's reference
   detail::bury_dead_pools();  // pools whose destruction the capture deferred
@@ -116,6 +121,7 @@ void unbind(detail::CaptureBinding& binding) noexcept {
 
 // A safe point of the capture layer: no lock held, no capture of ours restricting this thread.
 void safe_point() noexcept {
+  detail::settle_left_captures();
   complete_graph_releases();
   detail::bury_dead_pools();
 }
@@ -196,10 +202,14 @@ CapturePool::~CapturePool() {
     // refuses every end, the stream is let go anyway: nothing could end it through this pool.
     // Nor can another thread end a per-thread stream's: there cudaStreamPerThread names a stream
     // of its own, perhaps capturing for another pool (found in review, 2026-12-05).
-    if (capture.stream != cudaStreamPerThread || capture.thread == std::this_thread::get_id()) {
-      leave_capture(binding_->core(), capture.stream, end_attempts);
-    }
-    unbind(*binding_);
+    // The thread is told by its token: a later thread may get an exited one's std::thread::id,
+    // and ending that thread's own capture here would discard it (found in review, 2026-12-05).
+    // A capture left under way stays counted as one (capture_guard.hpp), so that the pool makes
+    // no call it would refuse, until its thread is seen to have ended it, or exits.
+    const bool own = capture.stream != cudaStreamPerThread ||
+                     capture.token == detail::this_thread_token();
+    if (own) leave_capture(binding_->core(), capture.stream, end_attempts);
+    unbind(*binding_, own);
   } else {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)
   }
@@ -290,8 +300,10 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
   const detail::Need before = core.fence_now(*found.state, found.generation);
   // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
   const std::thread::id thread = std::this_thread::get_id();
+  detail::watch_capturing_thread();
   detail::note_capture_begin(mode, thread);
-  binding.set_capture({false, 0, mode, stream, found.state, thread, before});
+  binding.set_capture({false, 0, mode, stream, found.state, thread, before,
+                       detail::this_thread_token()});
 }
 
 bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
@@ -358,7 +370,7 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   // The per-thread default stream is another stream in every other thread: only the thread
   // that began the capture names its stream.
   if (!capture.active || capture.stream != stream ||
-      (stream == cudaStreamPerThread && capture.thread != std::this_thread::get_id())) {
+      (stream == cudaStreamPerThread && capture.token != detail::this_thread_token())) {
     throw Error(Errc::capture_mismatch,
                 "end_capture_with_pool: the stream is not being captured with this pool");
   }

@@ -99,6 +99,7 @@ class PoolCore {
   void orphan() noexcept;
 
   Device& device() const noexcept { return *device_; }
+  const std::shared_ptr<Device>& shared_device() const noexcept { return device_; }
   const PoolOptions& options() const noexcept { return options_; }
   const SizeClasses& classes() const noexcept { return classes_; }
 
