@@ -7,6 +7,8 @@
 
 #include <streampool/capture_pool.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <future>
 #include <optional>
 
@@ -407,5 +409,40 @@ TEST_CASE("after a device synchronize that failed, blocks fenced since reach oth
   CHECK(static_cast<void*>(handed.data()) == dropped);
   write_on(fake, b, handed);
   CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
+// Found in review (2026-12-05): after a device synchronize that failed, every slow path of every
+// stream tried again, each time sweeping every stream's lock and leaving another virtual fence on
+// each, which only a successful synchronize clears: under an error CUDA keeps returning, the
+// fences and the sweeps grew with every slow path. The first retry is still at the next slow
+// path; later ones wait twice as long each time (1 ms, 2 ms, ... up to a second).
+TEST_CASE("a device synchronize that keeps failing is retried ever less often") {
+  auto options = one_block_slabs();
+  options.idle_ms = 0;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, a).reset();
+  fake.complete_all();
+  fake.fail_next(Call::device_synchronize, 100000);
+  const auto syncs = fake.calls(Call::device_synchronize);
+  pool->trim(std::size_t{1} << 40);  // fails
+  REQUIRE(fake.calls(Call::device_synchronize) > syncs);
+  const auto after_trim = fake.calls(Call::device_synchronize);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 300; ++i) {
+    cudaStream_t s = fake.create_stream();  // a first allocation: a slow path
+    Bytes::alloc_async(*pool, 4096, s).reset();
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  // The first retry at once, then one after each doubling wait: about log2 of the loop's
+  // milliseconds more.
+  const auto retries = fake.calls(Call::device_synchronize) - after_trim;
+  CHECK(retries >= 1);
+  CHECK(static_cast<double>(retries) <= 3 + std::log2(static_cast<double>(ms) + 1));
+  fake.fail_next(Call::device_synchronize, 0);
   fake.complete_all();
 }

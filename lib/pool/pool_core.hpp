@@ -290,7 +290,8 @@ class PoolCore {
   // when the synchronize failed (then `failed`, if given, says how).
   bool synchronize_and_reclaim(Failure* failed = nullptr) noexcept;
   // Retires idle streams now and then, and keeps the stranded-memory bound (docs/design.md,
-  // "Streams"): synchronizes when it is passed.
+  // "Streams"): synchronizes when it is passed, or when the last synchronize failed (not again
+  // before retry_at_ns_).
   void reclaim_if_stranded() noexcept;
   void note_stranded(std::size_t bytes) noexcept {
     stranded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -419,8 +420,14 @@ class PoolCore {
   std::atomic<std::size_t> stranded_bytes_{0};  // an estimate; a synchronize takes off its own
   std::atomic<std::size_t> lost_streams_{0};     // retired with a virtual fence since then
   // The last device synchronize failed: its virtual fence on every stream stays pending, and
-  // each stream's later fences complete behind it, until one succeeds.
+  // each stream's later fences complete behind it, until one succeeds. A slow path tries again
+  // (reclaim_if_stranded): the first time at once, then not before retry_at_ns_, which each
+  // failure in a row puts twice as far off (1 ms, 2 ms, ... up to max_retry_wait_ns), since each
+  // try sweeps every stream and leaves another virtual fence on it.
   std::atomic<bool> synchronize_failed_{false};
+  std::atomic<std::uint32_t> failed_syncs_{0};  // in a row
+  std::atomic<std::int64_t> retry_at_ns_{0};
+  static constexpr std::int64_t max_retry_wait_ns = 1'000'000'000;
   std::atomic<std::int64_t> next_idle_check_ns_{0};
 
   std::atomic<std::int64_t> requested_published_{0};

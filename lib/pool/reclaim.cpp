@@ -202,10 +202,16 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
   }
   if (const cudaError_t status = device_->device_synchronize(); status != cudaSuccess) {
     if (failed != nullptr) *failed = Failure::of(status, "cudaDeviceSynchronize");
-    // Its virtual fences hold every stream's later ones back: the next slow path tries again.
+    // Its virtual fences hold every stream's later ones back: a later slow path tries again.
+    const std::uint32_t failures = failed_syncs_.fetch_add(1, std::memory_order_relaxed) + 1;
+    const std::int64_t wait =
+        failures < 2 ? 0 : std::min(std::int64_t{1'000'000} << std::min(failures - 2, 30u),
+                                    max_retry_wait_ns);
+    retry_at_ns_.store(now_ns() + wait, std::memory_order_relaxed);
     synchronize_failed_.store(true, std::memory_order_relaxed);
     return false;
   }
+  failed_syncs_.store(0, std::memory_order_relaxed);
   synchronize_failed_.store(false, std::memory_order_relaxed);
   stranded_bytes_.fetch_sub(stranded, std::memory_order_relaxed);
   lost_streams_.fetch_sub(lost, std::memory_order_relaxed);
@@ -269,11 +275,12 @@ void PoolCore::reclaim_if_stranded() noexcept {
   const std::size_t limit = std::max(
       stranded_floor,
       static_cast<std::size_t>(std::max<std::int64_t>(requested_published_.load(), 0)) / 2);
+  const bool failed = synchronize_failed_.load(std::memory_order_relaxed);
   if (stranded_bytes_.load(std::memory_order_relaxed) < limit &&
-      lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit &&
-      !synchronize_failed_.load(std::memory_order_relaxed)) {
+      lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit && !failed) {
     return;
   }
+  if (failed && now_ns() < retry_at_ns_.load(std::memory_order_relaxed)) return;
   synchronize_and_reclaim();
 }
 
