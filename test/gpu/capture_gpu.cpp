@@ -169,3 +169,39 @@ TEST_CASE("a buffer dropped during a real capture is reused within the same capt
   for (int i = 0; i < 3; ++i) f.replay_and_check([&] { graph.launch(f.stream); }, data, 2u);
   REQUIRE(f.found() == 0);
 }
+
+// The per-thread default stream's capture, left under way when its CapturePool goes on another
+// thread (capture_pool.hpp): the pool makes none of the calls CUDA would refuse during a global
+// capture (and be invalidated by) until this thread has ended it and the pool has seen so.
+TEST_CASE("a global per-thread capture left under way by its CapturePool's going on another "
+          "thread survives the pool's trim and growth, and the pool frees again once it ended",
+          "[capture][gpu]") {
+  Fixture f;
+  {
+    auto cached = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
+  }
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  const auto reserved = f.pool.stats().reserved_bytes.current;
+  REQUIRE(reserved > 0);
+  auto cp = std::make_shared<CapturePool>(f.pool);
+  streampool::begin_capture_with_pool(cp, cudaStreamPerThread, streampool::CaptureMode::global);
+  std::thread([moved = std::move(cp)]() mutable { moved.reset(); }).join();
+  const auto capturing = [] {
+    cudaStreamCaptureStatus status{};
+    REQUIRE(cudaStreamIsCapturing(cudaStreamPerThread, &status) == cudaSuccess);
+    return status;
+  };
+  REQUIRE(capturing() == cudaStreamCaptureStatusActive);
+  f.pool.trim(0);  // neither a device synchronize nor a free
+  CHECK(capturing() == cudaStreamCaptureStatusActive);
+  CHECK(f.pool.stats().reserved_bytes.current == reserved);
+  std::error_code error;
+  auto grown = PooledBuffer<std::uint32_t>::try_alloc_async(f.pool, 64 * words, f.stream, error);
+  CHECK(capturing() == cudaStreamCaptureStatusActive);
+  grown.reset();
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(cudaStreamPerThread, &graph) == cudaSuccess);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  f.pool.trim(0);  // sees the capture ended: synchronizes and frees
+  CHECK(f.pool.stats().reserved_bytes.current == 0);
+}
