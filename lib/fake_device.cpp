@@ -40,6 +40,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -85,8 +86,15 @@ std::atomic<CaptureId> next_capture_id{1};
 // reused by a later FakeDevice.
 std::atomic<std::uint64_t> next_instance{1};
 
-// FakeDevice instance -> the stream cudaStreamPerThread names in this thread.
-thread_local std::unordered_map<std::uint64_t, StreamId> per_thread_streams;
+// FakeDevice instance -> the stream cudaStreamPerThread names in this thread. At the thread's
+// exit, each of those streams' captures is over, as CUDA has it (seen on the H100: a thread that
+// began a global capture of its per-thread stream and exited restricts no other thread's
+// cudaMalloc or cudaDeviceSynchronize; test/gpu/probes.cpp).
+struct PerThreadStreams {
+  std::unordered_map<std::uint64_t, StreamId> ids;
+  ~PerThreadStreams();  // below, once State is known
+};
+thread_local PerThreadStreams per_thread_streams;
 // Non-zero while this thread runs a user object's destructor, where CUDA forbids CUDA calls.
 thread_local int in_user_object_destructor = 0;
 
@@ -439,9 +447,9 @@ struct FakeDevice::State {
   Stream* find_stream(cudaStream_t handle) {
     if (is_legacy(handle)) return &streams.at(legacy);
     if (handle == cudaStreamPerThread) {
-      auto it = per_thread_streams.find(instance);
-      if (it == per_thread_streams.end()) {
-        it = per_thread_streams.emplace(instance, new_stream().id).first;
+      auto it = per_thread_streams.ids.find(instance);
+      if (it == per_thread_streams.ids.end()) {
+        it = per_thread_streams.ids.emplace(instance, new_stream().id).first;
       }
       return &streams.at(it->second);
     }
@@ -1065,11 +1073,48 @@ struct FakeDevice::State {
 
 FakeDevice::FakeDevice() : FakeDevice(Options{}) {}
 
-FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(options)) {}
+namespace {
+// The live FakeDevices' states by instance, for a thread's exit (PerThreadStreams). Never
+// destroyed: threads may exit during static destruction.
+struct LiveStates {
+  std::mutex mutex;
+  // Ends the capture of a stream of that FakeDevice, by id.
+  std::unordered_map<std::uint64_t, std::function<void(StreamId)>> end_capture;
+};
+LiveStates& live_states() {
+  static LiveStates* instance = new LiveStates;
+  return *instance;
+}
+}  // namespace
+
+PerThreadStreams::~PerThreadStreams() {
+  if (ids.empty()) return;
+  LiveStates& live = live_states();
+  std::lock_guard registry(live.mutex);  // before a state's mutex; the state lives meanwhile
+  for (const auto& [instance, id] : ids) {
+    const auto found = live.end_capture.find(instance);
+    if (found != live.end_capture.end()) found->second(id);
+  }
+}
+
+FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(options)) {
+  LiveStates& live = live_states();
+  std::lock_guard registry(live.mutex);
+  live.end_capture.emplace(state_->instance, [state = state_.get()](StreamId id) {
+    std::lock_guard lock(state->mutex);
+    const auto stream = state->streams.find(id);
+    if (stream != state->streams.end()) stream->second.capture.reset();
+  });
+}
 
 // Pending work is dropped without running its bodies (they may refer to what the test already
 // tore down). User objects still alive are destroyed, so that nothing they own leaks.
 FakeDevice::~FakeDevice() {
+  {
+    LiveStates& live = live_states();
+    std::lock_guard registry(live.mutex);
+    live.end_capture.erase(state_->instance);
+  }
   Destructors remaining;
   {
     std::lock_guard lock(state_->mutex);
@@ -1079,7 +1124,7 @@ FakeDevice::~FakeDevice() {
     state_->user_objects.clear();
   }
   run_destructors(remaining);
-  per_thread_streams.erase(state_->instance);
+  per_thread_streams.ids.erase(state_->instance);
 }
 
 // --- controls ---------------------------------------------------------------------------------

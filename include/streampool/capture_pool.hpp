@@ -81,9 +81,11 @@ class STREAMPOOL_API CapturePool {
   // the capture is left under way, with no pool bound to it (its allocations through the
   // MemoryPool fail with Errc::capture_without_pool), for its thread to end with
   // cudaStreamEndCapture and discard: the graph would use memory this pool no longer holds.
-  // Until that thread's next trim, CapturePool or capture with a pool sees it ended (or the
-  // thread exits), the library still counts it as a capture under way and makes no call it
-  // would refuse (no device synchronize; in global or thread-local mode no cudaMalloc).
+  // Until that thread, at a safe point of the capture layer (a trim of a pool that has had a
+  // CapturePool, a CapturePool made, a capture begun or ended with a pool, a graph call), sees it
+  // ended, or exits (CUDA then ends it), the library still counts it as a capture under way and
+  // makes no call it would refuse (no device synchronize or free; in global or thread-local mode
+  // no cudaMalloc).
   ~CapturePool();
   CapturePool(const CapturePool&) = delete;
   CapturePool& operator=(const CapturePool&) = delete;

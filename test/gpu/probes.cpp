@@ -325,3 +325,26 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
   }
   report("vm_unreserve", device.vm_unreserve(base, 64 * granule));
 }
+
+// A thread that exits while its per-thread default stream is being captured: is that capture
+// still under way for the calls of the threads left (the capture guard counts it over at the
+// thread's exit: lib/capture/capture_guard.cpp)? Seen on the H100 (driver 580.159.04,
+// 2026-12-05): no, cudaMalloc and cudaDeviceSynchronize succeed after its exit.
+TEST_CASE("probe a per-thread stream's global capture whose thread exits", "[.probe]") {
+  std::thread([] {
+    const cudaError_t began =
+        cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal);
+    std::printf("exiting thread: cudaStreamBeginCapture(cudaStreamPerThread, global): %s\n",
+                cudaGetErrorName(began));
+  }).join();
+  void* p = nullptr;
+  const cudaError_t malloced = cudaMalloc(&p, 1 << 20);
+  std::printf("after its exit, main thread: cudaMalloc: %s\n", cudaGetErrorName(malloced));
+  if (malloced == cudaSuccess) cudaFree(p);
+  std::printf("after its exit, main thread: cudaDeviceSynchronize: %s\n",
+              cudaGetErrorName(cudaDeviceSynchronize()));
+  std::printf("after its exit, main thread: cudaMalloc again: %s\n",
+              cudaGetErrorName(cudaMalloc(&p, 1 << 20)));
+  if (p != nullptr) cudaFree(p);
+  cudaGetLastError();
+}
