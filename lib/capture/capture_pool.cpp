@@ -183,7 +183,14 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   if (capture.active || capture.origin == nullptr) return;
   detail::CaptureGate::of(binding.core())
       .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
-  detail::note_capture_end(capture.mode, capture.thread);
+  // A framework may have begun the capture since (attach_capture_with_pool not yet called): a
+  // per-thread stream's, given up on another thread, is left to its thread as in ~CapturePool.
+  if (capture.stream == cudaStreamPerThread && capture.token != detail::this_thread_token()) {
+    detail::note_capture_left(capture.mode, capture.thread, capture.token,
+                              binding.core().shared_device());
+  } else {
+    detail::note_capture_end(capture.mode, capture.thread);
+  }
   binding.end_capture();  // nothing was dropped in it: only the claim and the record go
 }
 
@@ -286,11 +293,20 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
     throw detail::error_of(error ? error : detail::Failure(Errc::capture_mismatch),
                            "begin_capture_with_pool: the stream's identity");
   }
+  // Before anything is claimed: it may throw (out of memory).
+  if (stream == cudaStreamPerThread) detail::watch_capturing_thread();
   if (!binding.claim()) {
     throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
   }
   const void* key = detail::CaptureGate::key_of(stream, found.state);
-  if (!gate.bind_stream(key, &binding)) {
+  bool bound = false;
+  try {
+    bound = gate.bind_stream(key, &binding);
+  } catch (...) {
+    binding.unclaim();
+    throw;
+  }
+  if (!bound) {
     binding.unclaim();
     throw Error(Errc::capture_mismatch,
                 "begin_capture_with_pool: the stream is already captured with a pool");
@@ -300,8 +316,13 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
   const detail::Need before = core.fence_now(*found.state, found.generation);
   // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
   const std::thread::id thread = std::this_thread::get_id();
-  detail::watch_capturing_thread();
-  detail::note_capture_begin(mode, thread);
+  try {
+    detail::note_capture_begin(mode, thread);
+  } catch (...) {
+    gate.unbind(key, 0);  // as unprepare() would, had the capture been set
+    binding.unclaim();
+    throw;
+  }
   binding.set_capture({false, 0, mode, stream, found.state, thread, before,
                        detail::this_thread_token()});
 }
