@@ -446,3 +446,40 @@ TEST_CASE("a device synchronize that keeps failing is retried ever less often") 
   fake.fail_next(Call::device_synchronize, 0);
   fake.complete_all();
 }
+
+// Found in review (2026-12-05): the retry was found due before the reclaimer's mutex and not
+// asked again once a thread had it, so every thread that found it due while one retry ran (the
+// synchronize, here 50 ms) tried again after it, each sweeping every stream and synchronizing.
+TEST_CASE("threads that find a retry of a failed synchronize due together make one retry") {
+  auto options = one_block_slabs();
+  options.idle_ms = 0;
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  Bytes::alloc_async(*pool, 4096, a).reset();
+  fake.complete_all();
+  fake.fail_next(Call::device_synchronize, 100000);
+  pool->trim(std::size_t{1} << 40);  // fails: the next slow path retries at once
+  const auto after_trim = fake.calls(Call::device_synchronize);
+  std::promise<void> retrying;
+  pool.device->before_next(Call::device_synchronize, [&] {
+    retrying.set_value();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  constexpr int threads = 7;
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i <= threads; ++i) streams.push_back(fake.create_stream());
+  std::thread first([&] { Bytes::alloc_async(*pool, 4096, streams[0]).reset(); });
+  retrying.get_future().wait();  // the first retry has begun, and takes 50 ms
+  std::vector<std::thread> others;
+  for (int i = 1; i <= threads; ++i) {
+    others.emplace_back([&, i] { Bytes::alloc_async(*pool, 4096, streams[i]).reset(); });
+  }
+  first.join();
+  for (auto& t : others) t.join();
+  // The first retry; the others found it due, waited for it, and then found the next one a
+  // millisecond off (on a slow machine one or two of them may make it, each doubling the wait).
+  CHECK(fake.calls(Call::device_synchronize) - after_trim <= 3);
+  fake.fail_next(Call::device_synchronize, 0);
+  fake.complete_all();
+}

@@ -288,11 +288,14 @@ class PoolCore {
   // After a device synchronize every block dropped before it is clean: covers every timeline up
   // to it and moves what that frees to the depot and the arena. False when not allowed now, or
   // when the synchronize failed (then `failed`, if given, says how).
-  bool synchronize_and_reclaim(Failure* failed = nullptr) noexcept;
+  // `only_if_due`: not unless reclaim_due() still holds once this thread is the reclaimer.
+  bool synchronize_and_reclaim(Failure* failed = nullptr, bool only_if_due = false) noexcept;
   // Retires idle streams now and then, and keeps the stranded-memory bound (docs/design.md,
   // "Streams"): synchronizes when it is passed, or when the last synchronize failed (not again
   // before retry_at_ns_).
   void reclaim_if_stranded() noexcept;
+  // The stranded-memory bound is passed, or the last synchronize failed, and retry_at_ns_ has come.
+  bool reclaim_due() const noexcept;
   void note_stranded(std::size_t bytes) noexcept {
     stranded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }

@@ -168,11 +168,13 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
   make_clean(clean);
 }
 
-bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
+bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexcept {
   if (!calls_allowed(Restricted::device_sync)) return false;
   std::lock_guard<std::mutex> reclaimer(reclaim_mutex_);
-  // Asked again: the gate may have changed while this thread waited for the mutex.
-  if (!calls_allowed(Restricted::device_sync)) return false;
+  // Asked again: the gate may have changed while this thread waited for the mutex, and another
+  // thread's synchronize (or failure, which puts off the next try) may have made this one due no
+  // longer: threads that found it due together would each sweep and synchronize in turn.
+  if (!calls_allowed(Restricted::device_sync) || (only_if_due && !reclaim_due())) return false;
   // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
   // before the fence are covered; blocks other threads drop meanwhile get later needs, which
   // the synchronize does not cover.
@@ -208,7 +210,7 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
         failures < 2 ? 0 : std::min(std::int64_t{1'000'000} << std::min(failures - 2, 30u),
                                     max_retry_wait_ns);
     retry_at_ns_.store(now_ns() + wait, std::memory_order_relaxed);
-    synchronize_failed_.store(true, std::memory_order_relaxed);
+    synchronize_failed_.store(true, std::memory_order_release);  // after retry_at_ns_
     return false;
   }
   failed_syncs_.store(0, std::memory_order_relaxed);
@@ -261,7 +263,8 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed) noexcept {
 
 void PoolCore::reclaim_if_stranded() noexcept {
   // Streams gone idle (PoolOptions::idle_ms): a slow path looks once a period (each thread reads
-  // the clock every 16 of its slow paths, not at each).
+  // the clock for it every 16 of its slow paths, not at each; while a synchronize has failed,
+  // reclaim_due() reads it at each).
   thread_local unsigned clock_countdown = 0;
   if (const std::int64_t period = std::int64_t{options_.idle_ms} * 1'000'000;
       period > 0 && clock_countdown-- == 0) {
@@ -272,16 +275,19 @@ void PoolCore::reclaim_if_stranded() noexcept {
       registry_.retire_idle();
     }
   }
+  if (reclaim_due()) synchronize_and_reclaim(nullptr, /*only_if_due=*/true);
+}
+
+bool PoolCore::reclaim_due() const noexcept {
   const std::size_t limit = std::max(
       stranded_floor,
       static_cast<std::size_t>(std::max<std::int64_t>(requested_published_.load(), 0)) / 2);
-  const bool failed = synchronize_failed_.load(std::memory_order_relaxed);
+  const bool failed = synchronize_failed_.load(std::memory_order_acquire);
   if (stranded_bytes_.load(std::memory_order_relaxed) < limit &&
       lost_streams_.load(std::memory_order_relaxed) < lost_streams_limit && !failed) {
-    return;
+    return false;
   }
-  if (failed && now_ns() < retry_at_ns_.load(std::memory_order_relaxed)) return;
-  synchronize_and_reclaim();
+  return !failed || now_ns() >= retry_at_ns_.load(std::memory_order_relaxed);
 }
 
 bool PoolCore::reclaim(int step, Failure& failed) noexcept {
