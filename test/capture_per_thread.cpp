@@ -290,6 +290,13 @@ TEST_CASE("a per-thread capture left under way is not invalidated by the pool's 
     auto after = Bytes::alloc_async(*pool, 64 * MiB, other);
     CHECK_FALSE(after.is_empty());
   }
+  SECTION("once its thread ended it, that thread's next refused call sees so: no safe point needed") {
+    end_own_capture_if_left(fake);
+    std::error_code error;
+    auto after = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);  // grows: cudaMalloc
+    CHECK_FALSE(error);
+    CHECK_FALSE(after.is_empty());
+  }
   end_own_capture_if_left(fake);
   pool->trim(0);  // a safe point of this thread: the capture left to it is seen ended
   fake.complete_all();

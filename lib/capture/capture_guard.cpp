@@ -159,8 +159,8 @@ void settle_left_captures() noexcept {
   });
 }
 
-bool calls_allowed(Restricted call) noexcept {
-  if (call == Restricted::vm_map) return true;  // in every mode (gate.hpp)
+namespace {
+bool allowed_now(Restricted call) noexcept {
   if (call == Restricted::device_sync || call == Restricted::free) {
     return gate_engagements.load(std::memory_order_acquire) == 0;
   }
@@ -168,6 +168,17 @@ bool calls_allowed(Restricted call) noexcept {
   if (thread_local_captures.load(std::memory_order_acquire) == 0) return true;
   std::lock_guard<std::mutex> lock(per_thread().mutex);
   return per_thread().count.find(std::this_thread::get_id()) == per_thread().count.end();
+}
+}  // namespace
+
+bool calls_allowed(Restricted call) noexcept {
+  if (call == Restricted::vm_map) return true;  // in every mode (gate.hpp)
+  if (allowed_now(call)) return true;
+  // A capture left to this thread that it has ended since: seen here, at its first refused call,
+  // rather than only at its next safe point (until then, in global mode, no thread's cudaMalloc).
+  if (left_captures().count.load(std::memory_order_relaxed) == 0) return false;
+  settle_left_captures();
+  return allowed_now(call);
 }
 
 }  // namespace streampool::detail
