@@ -412,15 +412,12 @@ TEST_CASE("after a device synchronize that failed, blocks fenced since reach oth
   fake.complete_all();
 }
 
-// Found in review (2026-12-05): after a device synchronize that failed, every slow path of every
-// stream tried again, each time sweeping every stream's lock and leaving another virtual fence on
-// each, which only a successful synchronize clears: under an error CUDA keeps returning, the
-// fences and the sweeps grew with every slow path. The first retry is still at the next slow
-// path; later ones wait twice as long each time (1 ms, 2 ms, ... up to a second).
-TEST_CASE("a device synchronize that keeps failing is retried ever less often") {
-  auto options = one_block_slabs();
-  options.idle_ms = 0;
-  PoolOnFake pool(options);
+namespace {
+
+// A pool (PoolOnFake or HookedPool) whose device synchronizes all fail from now on, after a trim
+// that tried one: the next slow path of any stream may retry it.
+template <class Pool>
+void fail_every_synchronize(Pool& pool) {
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
   Bytes::alloc_async(*pool, 4096, a).reset();
@@ -429,6 +426,25 @@ TEST_CASE("a device synchronize that keeps failing is retried ever less often") 
   const auto syncs = fake.calls(Call::device_synchronize);
   pool->trim(std::size_t{1} << 40);  // fails
   REQUIRE(fake.calls(Call::device_synchronize) > syncs);
+}
+
+streampool::PoolOptions never_idle() {
+  auto options = one_block_slabs();
+  options.idle_ms = 0;
+  return options;
+}
+
+}  // namespace
+
+// Found in review (2026-12-05): after a device synchronize that failed, every slow path of every
+// stream tried again, each time sweeping every stream's lock and leaving another virtual fence on
+// each, which only a successful synchronize clears: under an error CUDA keeps returning, the
+// fences and the sweeps grew with every slow path. The first retry is still at the next slow
+// path; later ones wait twice as long each time (1 ms, 2 ms, ... up to a second).
+TEST_CASE("a device synchronize that keeps failing is retried ever less often") {
+  PoolOnFake pool(never_idle());
+  FakeDevice& fake = pool.fake();
+  fail_every_synchronize(pool);
   const auto after_trim = fake.calls(Call::device_synchronize);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 300; ++i) {
@@ -451,15 +467,9 @@ TEST_CASE("a device synchronize that keeps failing is retried ever less often") 
 // asked again once a thread had it, so every thread that found it due while one retry ran (the
 // synchronize, here 50 ms) tried again after it, each sweeping every stream and synchronizing.
 TEST_CASE("threads that find a retry of a failed synchronize due together make one retry") {
-  auto options = one_block_slabs();
-  options.idle_ms = 0;
-  HookedPool pool(options);
+  HookedPool pool(never_idle());
   FakeDevice& fake = pool.fake();
-  cudaStream_t a = fake.create_stream();
-  Bytes::alloc_async(*pool, 4096, a).reset();
-  fake.complete_all();
-  fake.fail_next(Call::device_synchronize, 100000);
-  pool->trim(std::size_t{1} << 40);  // fails: the next slow path retries at once
+  fail_every_synchronize(pool);  // the next slow path retries at once
   const auto after_trim = fake.calls(Call::device_synchronize);
   std::promise<void> retrying;
   pool.device->before_next(Call::device_synchronize, [&] {
