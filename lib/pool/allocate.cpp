@@ -10,45 +10,56 @@
 
 namespace streampool::detail {
 
-Block* PoolCore::allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept {
+template <StreamChecks checks>
+Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
+                             Failure& error) noexcept {
   if (bytes == 0) {
     error = Errc::invalid_value;
     return nullptr;
   }
   GateStatus gate;
-  const StreamRegistry::Found found = registry_.find(stream, gate, error);
+  const StreamRegistry::Found found = pool.registry_.find_as<checks>(stream, gate, error);
   if (found.state == nullptr) {
-    if (!error) return allocate_gated(bytes, stream, gate, error);
+    if (!error) return pool.allocate_gated(bytes, stream, gate, error);
     // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()). What CUDA said
     // stays in the failure.
     if (error == gate_invalidated()) error.code = ungated();
     return nullptr;
   }
   StreamState& s = *found.state;
-  const bool large = classes_.is_large(bytes);
+  const bool large = pool.classes_.is_large(bytes);
   if (!large || s.shelved.load(std::memory_order_relaxed) != 0) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&
         s.generation.load(std::memory_order_relaxed) == found.generation) {
       Block* b = nullptr;
       if (!large) {
-        b = s.free[classes_.class_of(bytes)].pop_front();
+        b = s.free[pool.classes_.class_of(bytes)].pop_front();
         if (b != nullptr) s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
       } else {
-        b = take_shelved(s, bytes);
+        b = pool.take_shelved(s, bytes);
       }
       if (b != nullptr) {
-        reused_here(s, b->need, b->size);
+        pool.reused_here(s, b->need, b->size);
         ++s.counters.hits;
-        count_allocation(s, b, bytes);
+        pool.count_allocation(s, b, bytes);
         s.lock.unlock();
-        announce_live(b, stream);
+        pool.announce_live(b, stream);
         return b;
       }
     }
     s.lock.unlock();
   }
-  return allocate_slow(s, found.generation, bytes, stream, error);
+  return pool.allocate_slow(s, found.generation, bytes, stream, error);
+}
+
+PoolCore::AllocateFn PoolCore::allocate_of(StreamChecks checks) noexcept {
+  switch (checks) {
+    case StreamChecks::none: return &allocate_as<StreamChecks::none>;
+    case StreamChecks::identity: return &allocate_as<StreamChecks::identity>;
+    case StreamChecks::full: break;
+  }
+  return &allocate_as<StreamChecks::full>;
 }
 
 void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept {

@@ -35,6 +35,7 @@ void misuse(const std::string& what) noexcept {
 PoolCore::PoolCore(std::shared_ptr<Device> device, const PoolOptions& options)
     : device_(std::move(device)),
       notify_(device_->wants_notifications()),
+      allocate_(allocate_of(options.stream_checks)),
       options_(options),
       classes_(options.size_classes),
       policy_(FencePolicy::from(options)),

@@ -73,8 +73,11 @@ class PoolCore {
   PoolCore& operator=(const PoolCore&) = delete;
 
   // --- the public operations -------------------------------------------------------------
-  // allocate.cpp
-  Block* allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
+  // allocate.cpp. Through the instance of allocate_as for the pool's StreamChecks, chosen at
+  // construction: the stream's lookup is inlined into the fast path, with no branch on the checks.
+  Block* allocate(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept {
+    return allocate_(*this, bytes, stream, error);
+  }
   // drop.cpp: the one drop. `stream` is the stream the drop is ordered on: a PooledBuffer's own,
   // or the one deallocate names.
   void drop(Block* block, cudaStream_t stream) noexcept;
@@ -385,8 +388,15 @@ class PoolCore {
   // not again, the rest is tried again at the next call. [no other thread]
   bool release_device_memory() noexcept;
 
+  using AllocateFn = Block* (*)(PoolCore&, std::size_t, cudaStream_t, Failure&) noexcept;
+  static AllocateFn allocate_of(StreamChecks checks) noexcept;
+  template <StreamChecks checks>
+  static Block* allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
+                            Failure& error) noexcept;
+
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit, nvtx)
   const bool notify_;               // device_->wants_notifications(), asked once
+  const AllocateFn allocate_;       // allocate_of(options_.stream_checks)
   // Read by every public call, written only when recording starts or stops: kept beside the
   // constants, away from the lines the fast paths write.
   std::atomic<Observer*> observer_{nullptr};

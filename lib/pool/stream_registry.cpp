@@ -7,18 +7,6 @@ namespace {
 
 std::atomic<std::uint64_t> next_uid{1};
 
-// A thread's last few streams, per pool. An entry is valid while its state's generation is
-// unchanged: retiring or recycling a state bumps it, and states live as long as their pool, so a
-// stale entry of a live pool is always safe to check. Entries of dead pools never match again
-// (uids are never reused).
-struct CachedStream {
-  std::uint64_t pool = 0;
-  std::uint64_t key = 0;
-  StreamState* state = nullptr;
-  std::uint32_t generation = 0;
-};
-constexpr unsigned cache_ways = 8;
-thread_local CachedStream stream_cache[cache_ways];
 thread_local unsigned stream_cache_victim = 0;
 
 bool explicit_stream(cudaStream_t stream) {
@@ -30,43 +18,20 @@ std::atomic<std::uint64_t> next_thread_token{1};
 }  // namespace
 
 constinit thread_local std::uint64_t thread_token = 0;
+constinit thread_local CachedStream stream_cache[cache_ways]{};
 
 std::uint64_t assign_thread_token() noexcept {
   thread_token = next_thread_token.fetch_add(1, std::memory_order_relaxed);
   return thread_token;
 }
 
-template <StreamChecks checks>
-StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& gate,
-                                              Failure& error) noexcept {
-  std::uint64_t key = 0;
-  StreamId id = 0;
-  if constexpr (checks == StreamChecks::none) {
-    key = reinterpret_cast<std::uintptr_t>(stream);
-    // A stream the gate's layer joined to itself has a cached state with no gated bit: while the
-    // gate is engaged anywhere, ask the status first, as the other strategies do.
-    if (gate_engaged()) {
-      gate = gate_status(pool_.device(), stream);
-      if (gate.error != cudaSuccess) {
-        error = gate_status_failure(gate);
-        return {};
-      }
-      if (gate.capturing()) return {};
-    }
-  } else {
-    if (!ask_id(stream, gate, id, error)) return {};
-    key = id;
+bool StreamRegistry::ask_gate(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept {
+  gate = gate_status(pool_.device(), stream);
+  if (gate.error != cudaSuccess) {
+    error = gate_status_failure(gate);
+    return false;
   }
-  for (const CachedStream& entry : stream_cache) {
-    if (entry.pool == uid_ && entry.key == key &&
-        entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
-      return {entry.state, entry.generation};
-    }
-  }
-  if constexpr (checks == StreamChecks::none) {
-    if (!ask_id(stream, gate, id, error)) return {};
-  }
-  return lookup(stream, key, id, error);
+  return !gate.capturing();
 }
 
 bool StreamRegistry::ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id,

@@ -30,6 +30,19 @@ namespace streampool::detail {
 
 class PoolCore;
 
+// A thread's last few streams, per pool. An entry is valid while its state's generation is
+// unchanged: retiring or recycling a state bumps it, and states live as long as their pool, so a
+// stale entry of a live pool is always safe to check. Entries of dead pools never match again
+// (uids are never reused).
+struct CachedStream {
+  std::uint64_t pool = 0;
+  std::uint64_t key = 0;
+  StreamState* state = nullptr;
+  std::uint32_t generation = 0;
+};
+constexpr unsigned cache_ways = 8;
+extern constinit thread_local CachedStream stream_cache[cache_ways];
+
 class StreamRegistry {
  public:
   // What a lookup found: a state and the generation it was seen at, or (state null, no error) a
@@ -49,6 +62,10 @@ class StreamRegistry {
   Found find(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept {
     return (this->*strategy_)(stream, gate, error);
   }
+  // find() as the strategy `checks` does it, inline: for the allocation fast path, which picks
+  // its instance once (PoolCore::allocate_as). The pool's checks_ must be `checks`.
+  template <StreamChecks checks>
+  Found find_as(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
   // The state registered for an explicit stream's handle, without a device call; null if none.
   StreamState* by_handle(cudaStream_t stream) noexcept;
 
@@ -85,8 +102,8 @@ class StreamRegistry {
  private:
   using Strategy = Found (StreamRegistry::*)(cudaStream_t, GateStatus&, Failure&) noexcept;
   static Strategy strategy_of(StreamChecks checks) noexcept;
-  template <StreamChecks checks>
-  Found find_as(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
+  // The gate's status of `stream`: false when it is capturing (`gate` says so) or on error.
+  bool ask_gate(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
   // The id of a stream not capturing; `gate` says when it is.
   bool ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id, Failure& error) noexcept;
   Found lookup(cudaStream_t stream, std::uint64_t key, StreamId id, Failure& error) noexcept;
@@ -112,5 +129,32 @@ class StreamRegistry {
   std::size_t registered_ = 0;
   std::uint64_t created_ = 0;  // stream states made: the last one's Timeline::order
 };
+
+template <StreamChecks checks>
+inline StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateStatus& gate,
+                                                     Failure& error) noexcept {
+  STREAMPOOL_ASSERT(checks == checks_);
+  std::uint64_t key = 0;
+  StreamId id = 0;
+  if constexpr (checks == StreamChecks::none) {
+    key = reinterpret_cast<std::uintptr_t>(stream);
+    // A stream the gate's layer joined to itself has a cached state with no gated bit: while the
+    // gate is engaged anywhere, ask the status first, as the other strategies do.
+    if (gate_engaged() && !ask_gate(stream, gate, error)) return {};
+  } else {
+    if (!ask_id(stream, gate, id, error)) return {};
+    key = id;
+  }
+  for (const CachedStream& entry : stream_cache) {
+    if (entry.pool == uid_ && entry.key == key &&
+        entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
+      return {entry.state, entry.generation};
+    }
+  }
+  if constexpr (checks == StreamChecks::none) {
+    if (!ask_id(stream, gate, id, error)) return {};
+  }
+  return lookup(stream, key, id, error);
+}
 
 }  // namespace streampool::detail
