@@ -1,11 +1,14 @@
 // Lifetime: a MemoryPool may be destroyed while buffers are alive (their memory goes back to the
 // device when the last is dropped, from any thread); trim returns wholly free memory; nothing the
 // pool took from the device outlives it, whatever failed on the way.
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/error.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -318,4 +321,39 @@ TEST_CASE("a pool destroyed while the device cannot synchronize unmaps nothing p
     fake.complete_all();
     REQUIRE(fake.hazards().empty());
   }
+}
+
+// A drop on the slow path (a record_stream use) gives up its count of the block under its
+// stream's lock, then goes on placing the block: fencing its uses, parking or keeping it.
+// ~MemoryPool on another thread counts the live buffers stream by stream; once it has passed the
+// block's stream it counts nothing for it, and used to destroy the core under the drop (a heap
+// use after free: the drop's fence pushed into a freed stream state). The hooks make that
+// order: the first fence (on `home`, under its lock) starts the destruction, whose count passes
+// `other` and waits for home's lock; the second (on `other`) holds the drop while the count
+// finishes.
+TEST_CASE("a drop on its slow path finishes before a pool destroyed on another thread goes") {
+  auto options = test_options();
+  options.idle_ms = 0;
+  auto fake = std::make_shared<FakeDevice>();
+  auto device = std::make_shared<HookedDevice>(fake);
+  auto pool = std::make_unique<MemoryPool>(device, options);
+  cudaStream_t home = fake->create_stream("home");
+  cudaStream_t other = fake->create_stream("other");
+
+  auto buffer = Bytes::alloc_async(*pool, 4 * KiB, home);
+  write_on(*fake, home, buffer);
+  buffer.record_stream(other);  // registers `other` (newer than `home`: counted first)
+  fake->launch(other, {{buffer.data(), buffer.byte_size(), false}});
+
+  std::shared_future<void> destroyed;
+  device->before_next(Call::event_record, [&] {
+    destroyed = on_own_thread([&] { pool.reset(); }, std::chrono::milliseconds(200));
+  });
+  device->before_next(Call::event_record,
+                      [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); });
+  buffer = Bytes();  // the drop
+  destroyed.wait();
+  fake->complete_all();
+  CHECK(fake->live_events() == 0);  // every fence's event destroyed with the core
+  CHECK(fake->live_allocations() == 0);
 }

@@ -50,9 +50,13 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
       b->need = s.need_now();
       Block* oldest = shelve(s, b);
       if (dropped_here(s, b->size)) fence_or_ask(s);
+      // The core must outlive to_arena: ~MemoryPool, on another thread, may count the live
+      // buffers as soon as this lock goes, and this one is no longer among them.
+      if (oldest != nullptr) keep();
       s.lock.unlock();
       if (oldest != nullptr) to_arena(s, generation, oldest);
       if (orphaned) count_down();
+      if (oldest != nullptr) let_go();  // last: it may destroy the core
       return;
     }
     s.lock.unlock();
@@ -72,11 +76,16 @@ void PoolCore::drop_slow(Block* b, cudaStream_t stream,
     return;
   }
   StreamState& s = *b->home;
+  // Kept across the placement: once count_release lets the stream's lock go, ~MemoryPool (on
+  // another thread) counts no live buffer for this block, and would destroy the core while the
+  // block is still being placed (its uses fenced, the block parked or kept).
+  keep();
   s.lock.lock();
   const bool orphaned = count_release(s, b);
   s.lock.unlock();
   place(b, uses);
-  if (orphaned) count_down();  // last: it may destroy the core
+  if (orphaned) count_down();
+  let_go();  // last: it may destroy the core
 }
 
 Uses PoolCore::uses_of(Block* b) noexcept {
