@@ -149,7 +149,13 @@ struct BlockList {
   }
   Block* pop_front() noexcept {
     Block* b = head;
-    if (b != nullptr) remove(b);
+    if (b == nullptr) return nullptr;
+    STREAMPOOL_ASSERT(count > 0 && b->prev == nullptr);
+    head = b->next;
+    if (head != nullptr) head->prev = nullptr;
+    else tail = nullptr;
+    b->next = nullptr;
+    --count;
     return b;
   }
   void remove(Block* b) noexcept {
