@@ -526,6 +526,46 @@ TEST_CASE("memory whose release the device refused stays counted reserved until 
   CHECK(static_cast<std::int64_t>(fake.live_bytes()) == reserved(*pool));
 }
 
+// Found in review (2026-12-05): such a handle was tried again at the pool's destruction only
+// through the segment it had been mapped in, once. Where the trim that was refused had also given
+// that segment's (now empty) reservation back, nothing tried it again, and where the retry at
+// destruction was refused too, the core was deleted anyway: the memory leaked for good, where a
+// segment the device refused to free keeps the core until a later safe point.
+TEST_CASE("memory whose release the device refused goes back at the pool's destruction, or at a "
+          "later safe point, also once its reservation is gone") {
+  auto device = std::make_shared<FakeDevice>();
+  cudaStream_t a = device->create_stream();
+  const auto safe_point = [&] { streampool::MemoryPool next(device, test_options()); };
+  SECTION("the reservation went back with the trim whose release was refused") {
+    {
+      streampool::MemoryPool pool(device, vm_options());
+      { auto x = Bytes::alloc_async(pool, 3 * MiB, a); }
+      device->complete_all();
+      device->fail_next(Call::vm_release, 2, cudaErrorInvalidValue);
+      pool.trim(0);
+      REQUIRE(device->live_reservations() == 0);
+      REQUIRE(device->live_vm_handles() == 1);  // unmapped, still the pool's
+      CHECK(reserved(pool) == static_cast<std::int64_t>(4 * MiB));
+    }
+    safe_point();
+    CHECK(device->live_vm_handles() == 0);
+    CHECK(device->live_bytes() == 0);
+  }
+  SECTION("the retry at destruction refused too: the core waits for a later safe point") {
+    {
+      streampool::MemoryPool pool(device, vm_options());
+      { auto x = Bytes::alloc_async(pool, 4 * MiB, a); }  // one mapping
+      device->complete_all();
+      // The destruction: the unmap, its two releases, then the two of the retry.
+      device->fail_next(Call::vm_release, 4, cudaErrorInvalidValue);
+    }
+    CHECK(device->live_reservations() == 0);
+    safe_point();  // the device accepts now
+    CHECK(device->live_vm_handles() == 0);
+    CHECK(device->live_bytes() == 0);
+  }
+}
+
 // Found in review (2026-12-05): the cleanup of a growth whose cuMemSetAccess (or cuMemMap) failed
 // called cuMemUnmap and cuMemRelease once each and ignored their answers.
 TEST_CASE("a failed growth keeps what the device refused to give back: a handle counted reserved "

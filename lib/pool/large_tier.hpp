@@ -136,6 +136,8 @@ class LargeTier {
   // Tries again to release the handles the device refused (unreleased_), counting what goes back;
   // the bytes released. [mutex_, or no other thread]
   std::size_t release_unreleased() noexcept;
+  // No handle is waiting for release_unreleased(). [mutex_, or no other thread]
+  bool all_released() const noexcept { return unreleased_.empty(); }
   // Adds the arena's part of a breakdown: segments, free ranges.
   void describe(PoolBreakdown& out) noexcept;
   // Walks every segment (STREAMPOOL_EXPENSIVE_ASSERT).

@@ -106,7 +106,11 @@ bool PoolCore::release_device_memory() noexcept {
       all = false;  // kept for a later attempt
     }
   }
-  return all;
+  // Handles the device refused to release once unmapped: unmapped already (no synchronize
+  // needed), and theirs may be the only memory left when trim gave their reservation back. One
+  // still refused keeps the core for a later attempt, as a segment does.
+  large_.release_unreleased();
+  return all && large_.all_released();
 }
 
 Gate& PoolCore::install_gate(std::unique_ptr<Gate> gate) noexcept {
