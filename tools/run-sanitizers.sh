@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the CPU test suite (the streampool_tests executable, nothing else) under
+# Builds the CPU test suite (the test executables that need no GPU, nvcc or Python) under
 # AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, and runs every test of
 # it; a single sanitizer report fails the run. CI (.ci/run) runs it after tools/run-tests.sh.
 #
@@ -31,8 +31,8 @@ for kind in "${kinds[@]}"; do
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSTREAMPOOL_DEBUG_CHECKS=2 -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
-  cmake --build "$build" --target streampool_tests streampool_torch_tests streampool_trace_cost \
-    streampool_guide_defaults
+  cmake --build "$build" --target streampool_tests streampool_host_memory_tests \
+    streampool_torch_tests streampool_trace_cost streampool_guide_defaults
   built=$SECONDS
   # Every test case CTest knows of the executables (the GPU tests, the header check, the consumer
   # projects, the thrust tests, which nvcc compiles, and the Python binding, which loads an

@@ -470,6 +470,20 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     }
     break;
   }
+  // What the new segment needs, taken before the device call, so that nothing can fail once the
+  // pool holds the memory: giving it back then could be refused, and it would leak unknown to the
+  // pool (as grow_mapped takes what fill() needs before it maps).
+  std::unique_ptr<Segment> segment;
+  Block* range = nullptr;
+  try {
+    segment = std::make_unique<Segment>();
+    std::lock_guard<CountedMutex> lock(mutex_);
+    make_room_for_segment();
+    range = new_block();
+  } catch (const std::bad_alloc&) {
+    error = Errc::out_of_memory;
+    return nullptr;
+  }
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);
   void* ptr = nullptr;
@@ -478,29 +492,29 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     size = rounded;  // a whole segment does not fit: the request alone may
     status = device.malloc(&ptr, size);
   }
+  std::lock_guard<CountedMutex> lock(mutex_);
   if (status != cudaSuccess) {
+    delete_block(range);
     error = Failure::of(status, "cudaMalloc");  // cudaErrorMemoryAllocation: out_of_memory
     return nullptr;
   }
-  std::lock_guard<CountedMutex> lock(mutex_);
-  try {
-    auto segment = std::make_unique<Segment>();
-    Block* range = new_block();
-    range->ptr = static_cast<std::byte*>(ptr);
-    range->size = size;
-    range->large = true;
-    range->segment = segment.get();
-    segment->base = range->ptr;
-    segment->size = size;
-    segment->first = range;
-    segments_.push_back(std::move(segment));
-    pool_.count_device_allocation(size);
-    if (grew != nullptr) *grew = true;
-    return cut(range, rounded);
-  } catch (const std::bad_alloc&) {
-    device.free(ptr);
-    error = Errc::out_of_memory;
-    return nullptr;
+  range->ptr = static_cast<std::byte*>(ptr);
+  range->size = size;
+  range->large = true;
+  range->segment = segment.get();
+  segment->base = range->ptr;
+  segment->size = size;
+  segment->first = range;
+  segments_.push_back(std::move(segment));  // room was made: cannot throw
+  pool_.count_device_allocation(size);
+  if (grew != nullptr) *grew = true;
+  return cut(range, rounded);
+}
+
+void LargeTier::make_room_for_segment() {
+  // Geometrically: with fixed segments there may be hundreds.
+  if (segments_.size() == segments_.capacity()) {
+    segments_.reserve(std::max<std::size_t>(8, 2 * segments_.capacity()));
   }
 }
 

@@ -207,6 +207,10 @@ class LargeTier {
   bool normalize(Block* range) noexcept;
   Block* new_block();
   void delete_block(Block* b) noexcept;
+  // Room in segments_ for one more, so that adding a segment cannot throw. Segments are added
+  // only under growth_mutex_ (grow, reserve), so the room stays until the caller adds its own.
+  // [growth_mutex_, mutex_]
+  void make_room_for_segment();
 
   // Expandable segments (expandable.cpp).
   enum class Vm : std::uint8_t { unknown, on, off };

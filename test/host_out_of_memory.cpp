@@ -1,0 +1,101 @@
+// When host memory runs out: the pool's own bookkeeping (a segment, its ranges) cannot be had at
+// the moment it is needed. An executable of its own, because it replaces the program's global
+// operator new (and delete) with one that a test can make fail once.
+#include "../lib/pool/large_tier.hpp"  // sizeof(Segment): the allocation made to fail
+#include "hooked_device.hpp"
+#include "pool_helpers.hpp"
+
+#include <cstdlib>
+#include <new>
+#include <system_error>
+
+using streampool::FakeDevice;
+using streampool::MemoryPool;
+using Call = FakeDevice::Call;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Armed, the next operator new of a segment's bookkeeping (a detail::Segment) on this thread
+// throws std::bad_alloc; unarmed, operator new is malloc's.
+thread_local bool fail_next_segment = false;
+
+std::int64_t reserved(MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
+
+// The library's next safe point: a dead pool kept for a later attempt is destroyed there.
+void safe_point(const std::shared_ptr<FakeDevice>& device) { MemoryPool next(device, test_options()); }
+}  // namespace
+
+// Not inlined: GCC otherwise pairs the inlined malloc with the operator delete below and warns
+// (-Wmismatched-new-delete). Both replaced, so that a sanitizer's own operator delete never sees
+// memory its operator new did not give.
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
+  if (fail_next_segment && bytes == sizeof(streampool::detail::Segment)) {
+    fail_next_segment = false;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(bytes != 0 ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+// Found in review (2026-12-05): a growth took the device memory first and only then the host
+// memory of its bookkeeping (the segment, its first range); where that failed, it gave the
+// device memory back with one cudaFree (cuMemAddressFree for a reservation) whose answer it
+// ignored, so a refusal leaked the memory unknown to the pool: not counted reserved, never tried
+// again. Now the bookkeeping is taken before the device call.
+TEST_CASE("a growth whose bookkeeping finds no host memory keeps no device memory the pool does "
+          "not count") {
+  // The failed growth is an out-of-memory error inside the allocation, whose ladder tries again
+  // (with host memory by then): the allocation succeeds, and what must not be is device memory
+  // beyond what the pool counts reserved, nor any left once the pool is gone.
+  SECTION("a cudaMalloc segment") {
+    std::shared_ptr<FakeDevice> device;
+    {
+      HookedPool pool(test_options());  // fixed segments
+      device = pool.fake_device;
+      FakeDevice& fake = pool.fake();
+      cudaStream_t a = fake.create_stream();
+      fake.fail_next(Call::free, 1);  // a give-back of the new segment, where one is made, refused
+      fail_next_segment = true;
+      std::error_code error;
+      auto x = Bytes::try_alloc_async(*pool, 4 * MiB, a, error);
+      CHECK(!error);
+      fail_next_segment = false;
+      fake.fail_next(Call::free, 0);
+      CHECK(reserved(*pool) == static_cast<std::int64_t>(fake.live_bytes()));
+    }
+    safe_point(device);
+    CHECK(device->live_allocations() == 0);
+    CHECK(device->live_bytes() == 0);
+  }
+  SECTION("a reservation of addresses") {
+    auto options = test_options();
+    options.expandable_segments = true;
+    options.large_rounding = 128 * KiB;
+    std::shared_ptr<FakeDevice> device;
+    {
+      HookedPool pool(options);
+      device = pool.fake_device;
+      FakeDevice& fake = pool.fake();
+      cudaStream_t a = fake.create_stream();
+      fake.fail_next(Call::vm_unreserve, 1);
+      fail_next_segment = true;
+      std::error_code error;
+      auto x = Bytes::try_alloc_async(*pool, 4 * MiB, a, error);
+      CHECK(!error);
+      fail_next_segment = false;
+      fake.fail_next(Call::vm_unreserve, 0);
+      CHECK(reserved(*pool) == static_cast<std::int64_t>(fake.live_bytes()));
+      x.reset();
+      pool->trim(0);
+      CHECK(fake.live_reservations() == 0);  // trim gives back every empty reservation it has
+    }
+    safe_point(device);
+    CHECK(device->live_reservations() == 0);
+    CHECK(device->live_bytes() == 0);
+  }
+}
