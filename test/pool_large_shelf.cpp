@@ -6,6 +6,7 @@
 
 using streampool::FakeDevice;
 using streampool::PoolBreakdown;
+using Call = streampool::FakeDevice::Call;
 using Bytes = streampool::PooledBuffer<std::byte>;
 
 namespace {
@@ -200,4 +201,60 @@ TEST_CASE("large_shelf is a STREAMPOOL_CONF key, at most 64") {
   CHECK(PoolOptions::parse(o.to_conf()) == o);
   o.large_shelf = 1000;
   CHECK_THAT(o.validate(), Catch::Contains("large_shelf"));
+}
+
+// Found in review (2026-12-05). The fence policy (docs/design.md, "Fence policy"): a fence is recorded only inside a call that
+// names its stream, because a user may destroy a stream as soon as its buffers are dropped. A
+// shelved range that another stream's call sends back to the arena (unshelve_all: before a
+// growth, the out-of-memory ladder's first step, trim) went through to_arena, whose tainted
+// neighbours could push the range's stream past its unfenced bound and make it record a fence on
+// that stream: cudaStreamGetCaptureInfo and cudaEventRecord on a stream the call does not name,
+// which may be destroyed, or (its handle reused) another stream, whose fence then "covers" the
+// first stream's pending work.
+// Fix: to_arena records the fence only where the call names the stream; from unshelve_all it
+// asks the stream's next call for one (wants_fence), as ask_owners does.
+TEST_CASE("a shelved range sent back to the arena by another stream's call records no fence on "
+          "its stream") {
+  // One 2 MiB segment holds a 1.5 MiB range and a clean 0.5 MiB rest: when the range goes from
+  // its stream's shelf back to the arena, the rest merges into it (tainted bytes, counted against
+  // its stream's unfenced bound).
+  auto options = test_options();
+  options.segment_bytes = 2 * MiB;
+  options.large_rounding = 128 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream("a");
+  void* dropped = nullptr;
+  {
+    // One stream so far: no unfenced bound, so the drop records no fence; onto a's shelf.
+    auto x = Bytes::alloc_async(*pool, 1536 * KiB, a);
+    write_on(fake, a, x);
+    dropped = x.data();
+  }
+  REQUIRE(fake.calls(Call::event_record) == 0);
+
+  SECTION("no event is recorded during a call that names only b") {
+    cudaStream_t b = fake.create_stream("b");
+    const auto records = fake.calls(Call::event_record);
+    auto y = Bytes::alloc_async(*pool, 1536 * KiB, b);  // misses, sends a's shelf to the arena
+    write_on(fake, b, y);
+    CHECK(fake.calls(Call::event_record) == records);
+    CHECK(static_cast<void*>(y.data()) != dropped);  // a's write may still run
+    CHECK(fake.hazards().empty());
+  }
+
+  SECTION("a destroyed stream whose handle went to another: no block reaches b early") {
+    // Every buffer of a is dropped: the user may destroy it (identity checks need no
+    // release_stream). Its write is still pending; its handle goes to the next stream.
+    fake.destroy_stream(a);
+    cudaStream_t c = fake.create_stream("c, a's handle");
+    REQUIRE(c == a);
+    cudaStream_t b = fake.create_stream("b");
+    auto y = Bytes::alloc_async(*pool, 1536 * KiB, b);
+    write_on(fake, b, y);
+    INFO(first_hazard(fake));
+    CHECK(static_cast<void*>(y.data()) != dropped);
+    CHECK(fake.hazards().empty());
+  }
+  fake.complete_all();
 }

@@ -156,7 +156,7 @@ Block* PoolCore::allocate_large(StreamState& s, std::size_t bytes, Failure& erro
     // Before growing: the shelves go back (s's own ranges too: one may be cut to fit), parked
     // blocks may be clean by now, and other streams' ranges may be covered by fences that
     // completed, or could be by a fence they are asked for now.
-    if (unshelve_all()) {
+    if (unshelve_all(&s)) {
       if (Block* range = large_.find(&s, rounded, &was)) return range;
     }
     drain_parked();  // all of it (the fences asked above, if any, are asked again: once each)

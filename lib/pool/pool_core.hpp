@@ -353,10 +353,15 @@ class PoolCore {
   // oldest one when that made the shelf too long, for the caller to give to_arena() unlocked.
   Block* shelve(StreamState& s, Block* range) noexcept;
   // [nothing locked] A range of s (as of `generation`) back to the arena with its need.
-  void to_arena(StreamState& s, std::uint32_t generation, Block* range) noexcept;
-  // [nothing locked] s's shelf / every shelf back to the arena; true when a range moved.
-  bool unshelve(StreamState& s) noexcept;
-  bool unshelve_all() noexcept;
+  // `named`: the call names s (a drop on it, its own allocation), so it may record the fence the
+  // policy then wants; otherwise s's next call is asked for it (a fence is recorded only inside
+  // a call that names its stream: s may be destroyed, its handle another stream's).
+  void to_arena(StreamState& s, std::uint32_t generation, Block* range,
+                bool named = true) noexcept;
+  // [nothing locked] s's shelf / every shelf back to the arena; true when a range moved. `caller`:
+  // the stream the call names, if any (the others' fences are asked for, not recorded).
+  bool unshelve(StreamState& s, bool named = true) noexcept;
+  bool unshelve_all(const StreamState* caller = nullptr) noexcept;
   // [s.lock] Empties s's shelf into `out`.
   void take_shelf(StreamState& s, std::vector<Block*>& out) noexcept;
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).

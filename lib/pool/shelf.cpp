@@ -47,7 +47,8 @@ Block* PoolCore::shelve(StreamState& s, Block* range) noexcept {
   return oldest;
 }
 
-void PoolCore::to_arena(StreamState& s, std::uint32_t generation, Block* range) noexcept {
+void PoolCore::to_arena(StreamState& s, std::uint32_t generation, Block* range,
+                        bool named) noexcept {
   const Need need = range->need;
   if (const std::size_t tainted = large_.put(range, need); tainted != 0) {
     // Clean neighbours merged into the range now wait for its fence too: they count against the
@@ -56,13 +57,14 @@ void PoolCore::to_arena(StreamState& s, std::uint32_t generation, Block* range) 
     if (need.timeline == &s.timeline && s.current(generation) &&
         s.timeline.recorded.load(std::memory_order_relaxed) == need.index &&
         dropped_here(s, tainted)) {
-      fence_or_ask(s);
+      if (named) fence_or_ask(s);
+      else s.attention.fetch_or(wants_fence, std::memory_order_relaxed);
     }
     s.lock.unlock();
   }
 }
 
-bool PoolCore::unshelve(StreamState& s) noexcept {
+bool PoolCore::unshelve(StreamState& s, bool named) noexcept {
   if (s.shelved.load(std::memory_order_relaxed) == 0) return false;
   s.lock.lock();
   const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
@@ -73,16 +75,16 @@ bool PoolCore::unshelve(StreamState& s) noexcept {
   for (Block* range = shelf; range != nullptr;) {
     Block* next = range->next;
     range->next = range->prev = nullptr;
-    to_arena(s, generation, range);
+    to_arena(s, generation, range, named);
     range = next;
   }
   return shelf != nullptr;
 }
 
-bool PoolCore::unshelve_all() noexcept {
+bool PoolCore::unshelve_all(const StreamState* caller) noexcept {
   bool moved = false;
   for (StreamState* s = registry_.first(); s != nullptr; s = s->next_state) {
-    moved = unshelve(*s) || moved;
+    moved = unshelve(*s, s == caller) || moved;
   }
   return moved;
 }
