@@ -25,7 +25,10 @@ struct PoolStats {
   std::uint64_t device_allocations = 0;  // successful device mallocs
   std::uint64_t device_frees = 0;
   std::uint64_t fences_recorded = 0;     // fences (events) recorded
-  std::uint64_t cross_stream_reuses = 0; // blocks handed to another stream than their last
+  // Small blocks a stream took from another stream's free list (covered by a fence, or waited
+  // for under cross_stream_wait). Not counted: large ranges, and blocks that reach another stream
+  // through the parked list or the clean depot.
+  std::uint64_t cross_stream_reuses = 0;
   std::uint64_t blocking_fallbacks = 0;  // stream synchronizes where a fence (or the event a
                                          // growth waits on) could not be made
   std::uint64_t oom_retries = 0;         // allocations retried after reclaiming
