@@ -112,19 +112,9 @@ bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) 
     error = forbidden_now();
     return false;
   }
-  // What the reservation's bookkeeping needs, taken before the device call (as in grow()):
-  // nothing can fail once the addresses are reserved.
-  std::unique_ptr<Segment> segment;
-  Block* hole = nullptr;
-  try {
-    segment = std::make_unique<Segment>();
-    std::lock_guard<CountedMutex> lock(mutex_);
-    make_room_for_segment();
-    hole = new_block();
-  } catch (const std::bad_alloc&) {
-    error = Errc::out_of_memory;
-    return false;
-  }
+  // Its bookkeeping first: nothing can fail once the addresses are reserved (prepare_segment).
+  NewSegment fresh;
+  if (!prepare_segment(fresh, error)) return false;
   Device& device = pool_.device();
   std::size_t free_bytes = 0;
   std::size_t total = 0;
@@ -136,23 +126,17 @@ bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) 
   const cudaError_t status = device.vm_reserve(&ptr, size);
   std::lock_guard<CountedMutex> lock(mutex_);
   if (status != cudaSuccess) {
-    delete_block(hole);
+    give_up(fresh);
     if (status == cudaErrorNotSupported) vm_ = Vm::off;
     error = Failure::of(status, "cuMemAddressReserve");
     return false;
   }
-  hole->ptr = static_cast<std::byte*>(ptr);
-  hole->size = size;
-  hole->large = true;
+  Block* hole = fresh.first;
   hole->free = false;
   hole->hole = true;
-  hole->segment = segment.get();
-  segment->base = hole->ptr;
-  segment->size = size;
-  segment->first = hole;
-  segment->expandable = true;
-  if (home != nullptr && home_of(home) == nullptr) set_home(*segment, *home);
-  segments_.push_back(std::move(segment));  // room was made: cannot throw
+  Segment& segment = add_segment(std::move(fresh), static_cast<std::byte*>(ptr), size);
+  segment.expandable = true;
+  if (home != nullptr && home_of(home) == nullptr) set_home(segment, *home);
   return true;
 }
 

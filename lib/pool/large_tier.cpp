@@ -470,20 +470,9 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     }
     break;
   }
-  // What the new segment needs, taken before the device call, so that nothing can fail once the
-  // pool holds the memory: giving it back then could be refused, and it would leak unknown to the
-  // pool (as grow_mapped takes what fill() needs before it maps).
-  std::unique_ptr<Segment> segment;
-  Block* range = nullptr;
-  try {
-    segment = std::make_unique<Segment>();
-    std::lock_guard<CountedMutex> lock(mutex_);
-    make_room_for_segment();
-    range = new_block();
-  } catch (const std::bad_alloc&) {
-    error = Errc::out_of_memory;
-    return nullptr;
-  }
+  // Its bookkeeping first: nothing can fail once the pool holds the memory (prepare_segment).
+  NewSegment fresh;
+  if (!prepare_segment(fresh, error)) return nullptr;
   Device& device = pool_.device();
   std::size_t size = std::max(rounded, options_.segment_bytes);
   void* ptr = nullptr;
@@ -494,21 +483,47 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   }
   std::lock_guard<CountedMutex> lock(mutex_);
   if (status != cudaSuccess) {
-    delete_block(range);
+    give_up(fresh);
     error = Failure::of(status, "cudaMalloc");  // cudaErrorMemoryAllocation: out_of_memory
     return nullptr;
   }
-  range->ptr = static_cast<std::byte*>(ptr);
-  range->size = size;
-  range->large = true;
-  range->segment = segment.get();
-  segment->base = range->ptr;
-  segment->size = size;
-  segment->first = range;
-  segments_.push_back(std::move(segment));  // room was made: cannot throw
+  Block* range = fresh.first;
+  add_segment(std::move(fresh), static_cast<std::byte*>(ptr), size);
   pool_.count_device_allocation(size);
   if (grew != nullptr) *grew = true;
   return cut(range, rounded);
+}
+
+bool LargeTier::prepare_segment(NewSegment& fresh, Failure& error) noexcept {
+  try {
+    fresh.segment = std::make_unique<Segment>();
+    std::lock_guard<CountedMutex> lock(mutex_);
+    make_room_for_segment();
+    fresh.first = new_block();
+    return true;
+  } catch (const std::bad_alloc&) {
+    error = Errc::out_of_memory;
+    return false;
+  }
+}
+
+void LargeTier::give_up(NewSegment& fresh) noexcept {
+  delete_block(fresh.first);
+  fresh.first = nullptr;
+}
+
+Segment& LargeTier::add_segment(NewSegment&& fresh, std::byte* base, std::size_t size) noexcept {
+  Block* first = fresh.first;
+  Segment& segment = *fresh.segment;
+  first->ptr = base;
+  first->size = size;
+  first->large = true;
+  first->segment = &segment;
+  segment.base = base;
+  segment.size = size;
+  segment.first = first;
+  segments_.push_back(std::move(fresh.segment));  // prepare_segment made room: cannot throw
+  return segment;
 }
 
 void LargeTier::make_room_for_segment() {

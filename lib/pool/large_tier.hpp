@@ -211,6 +211,18 @@ class LargeTier {
   // only under growth_mutex_ (grow, reserve), so the room stays until the caller adds its own.
   // [growth_mutex_, mutex_]
   void make_room_for_segment();
+  // A growth's new segment: what its bookkeeping needs is taken before the device call
+  // (prepare_segment, [growth_mutex_]), so that nothing can fail once the pool holds the memory:
+  // giving it back then could be refused, and it would leak unknown to the pool. add_segment
+  // makes `base`, `size` the segment, its first range `first`; give_up returns what was taken
+  // when the device call failed. [growth_mutex_, mutex_]
+  struct NewSegment {
+    std::unique_ptr<Segment> segment;
+    Block* first = nullptr;
+  };
+  bool prepare_segment(NewSegment& fresh, Failure& error) noexcept;
+  Segment& add_segment(NewSegment&& fresh, std::byte* base, std::size_t size) noexcept;
+  void give_up(NewSegment& fresh) noexcept;
 
   // Expandable segments (expandable.cpp).
   enum class Vm : std::uint8_t { unknown, on, off };
