@@ -3,6 +3,7 @@
 // segments returned to the device, then a device synchronize after which every cached block is
 // reusable. Only then does it fail, with a message naming the request, the reserved, cached and
 // device-free bytes. Nothing leaks on any failure path.
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 using streampool::Errc;
@@ -125,6 +126,31 @@ TEST_CASE("step three: after a device synchronize every cached block is reusable
   write_on(fake, b, y);
   REQUIRE(fake.hazards().empty());
   fake.complete_all();
+}
+
+// Found in review (2026-12-05): the ladder's last step tried again only where this pool gave
+// memory back itself. Memory another pool (or thread) gave back meanwhile went unused, and the
+// allocation failed as out of memory with the room on the device.
+TEST_CASE("the ladder's last step tries again: memory given back meanwhile by another pool is "
+          "used") {
+  FakeDevice::Options options;
+  options.capacity = 64 * MiB;
+  auto fake = std::make_shared<FakeDevice>(options);
+  auto hooked = std::make_shared<HookedDevice>(fake);
+  streampool::MemoryPool a(hooked, exact_segments());
+  streampool::MemoryPool b(fake, exact_segments());
+  cudaStream_t s = fake->create_stream();
+  { auto cached = Bytes::alloc_async(b, 40 * MiB, s); }  // b keeps the free segment
+  // a's request fails at first, after the ladder's first step and after its device synchronize;
+  // right after that last refusal, b gives its memory back (another thread would, at any time).
+  hooked->after_next(FakeDevice::Call::malloc, [] {});
+  hooked->after_next(FakeDevice::Call::malloc, [] {});
+  hooked->after_next(FakeDevice::Call::malloc, [&] { b.trim(); });
+  std::error_code error;
+  auto x = Bytes::try_alloc_async(a, 40 * MiB, s, error);
+  CHECK(!error);
+  CHECK(!x.is_empty());
+  CHECK(a.stats().oom_retries == 1);
 }
 
 TEST_CASE("small blocks cached on a stream are reclaimed for a large request") {

@@ -297,8 +297,12 @@ bool PoolCore::reclaim(int step, Failure& failed) noexcept {
       drain_parked();
       return true;
     case 1:
-    case 3:
       return large_.release_free_segments(0) != 0;
+    case 3:
+      // The last try is made whatever this pool gave back: memory another pool or thread gave
+      // back since the last attempt is there to take.
+      large_.release_free_segments(0);
+      return true;
     case 2:
       return synchronize_and_reclaim(&failed);
   }
