@@ -56,8 +56,11 @@ struct Owners {
 };
 
 Owners& owners() noexcept {
-  static Owners* const all = new Owners;  // never destroyed: threads may exit after static
-  return *all;                            // destruction
+  // Never destroyed (threads may exit after static destruction), and made in static storage: a
+  // heap allocation here, the first lock of the process, could throw where nothing may.
+  alignas(Owners) static unsigned char storage[sizeof(Owners)];
+  static Owners* const all = new (storage) Owners;
+  return *all;
 }
 
 // At the thread's exit its record goes to the next new thread. A C++ thread-local's destructor
