@@ -5,9 +5,13 @@
 #include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
+#include <streampool/capture_pool.hpp>
+
 #include <cstdlib>
+#include <memory>
 #include <new>
 #include <system_error>
+#include <vector>
 
 using streampool::FakeDevice;
 using streampool::MemoryPool;
@@ -19,8 +23,11 @@ constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // Armed with a size, the next operator new of that many bytes on this thread throws
-// std::bad_alloc; unarmed (0), operator new is malloc's.
+// std::bad_alloc; armed with a count n, the n-th operator new from now on this thread, outside a
+// device call (in_device), throws; unarmed (0), operator new is malloc's.
 thread_local std::size_t fail_next_of = 0;
+thread_local long fail_countdown = 0;
+thread_local int in_device = 0;
 
 std::int64_t reserved(MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
 
@@ -36,6 +43,7 @@ void safe_point(const std::shared_ptr<FakeDevice>& device) { MemoryPool next(dev
     fail_next_of = 0;
     throw std::bad_alloc();
   }
+  if (in_device == 0 && fail_countdown > 0 && --fail_countdown == 0) throw std::bad_alloc();
   if (void* p = std::malloc(bytes != 0 ? bytes : 1)) return p;
   throw std::bad_alloc();
 }
@@ -118,4 +126,101 @@ TEST_CASE("the first stream lock of the process needs no host memory") {
   fail_next_of = 0;
   CAPTURE(failed_on_time);
   CHECK((error ? x.is_empty() : !x.is_empty()));  // still here: no terminate
+}
+
+namespace streampool {  // where the seam's list (device_calls.def) names its types
+// The fake device's own bookkeeping is a test double's, not the pool's: its calls are made with
+// host memory to spare, so that what fails is always the pool's (or the test's) allocation.
+struct DeviceWithMemory : streampool::ForwardingDevice {
+  using ForwardingDevice::ForwardingDevice;
+  struct Inside {
+    Inside() noexcept { ++in_device; }
+    ~Inside() { --in_device; }
+    Inside(const Inside&) = delete;
+    Inside& operator=(const Inside&) = delete;
+  };
+#define STREAMPOOL_DEVICE_CALL(name, params, args) \
+  cudaError_t name params noexcept override {      \
+    Inside inside;                                 \
+    return ForwardingDevice::name args;            \
+  }
+#define STREAMPOOL_DEVICE_NOTE(name, params, args) \
+  void name params noexcept override {             \
+    Inside inside;                                 \
+    ForwardingDevice::name args;                   \
+  }
+#include <streampool/device_calls.def>
+};
+}  // namespace streampool
+
+using streampool::DeviceWithMemory;
+
+namespace {
+// A pool's life: buffers of both tiers, record_stream, a raw allocation freed on another
+// stream, trim; with `capture`, a CapturePool's capture too.
+void a_pool_life(MemoryPool& pool, FakeDevice& fake, cudaStream_t a, cudaStream_t b,
+                 bool capture) {
+  std::vector<Bytes> buffers;
+  for (int i = 0; i < 6; ++i) {
+    buffers.push_back(Bytes::alloc_async(pool, i % 2 == 0 ? 4 * KiB : 3 * MiB, a));
+    DeviceWithMemory::Inside inside;
+    fake.launch(a, {{buffers.back().data(), buffers.back().byte_size(), true}});
+  }
+  buffers[0].record_stream(b);
+  buffers[1].record_stream(b);
+  if (capture) {
+    auto capture_pool = std::make_shared<streampool::CapturePool>(pool);
+    capture_pool->reserve(64 * KiB);  // fixed segments: no growth during the capture
+    cudaStream_t c = nullptr;
+    {
+      DeviceWithMemory::Inside inside;
+      c = fake.create_stream("captured");
+    }
+    streampool::begin_capture_with_pool(capture_pool, c);
+    auto in_graph = Bytes::alloc_async(pool, 8 * KiB, c);
+    auto graph = streampool::end_capture_with_pool(c, capture_pool);
+  }
+  buffers.clear();
+  void* raw = pool.allocate(MiB, a);
+  pool.deallocate(raw, MiB, b);
+  pool.trim();
+}
+}  // namespace
+
+// Every host allocation of a pool's life failing in turn: each failure is an exception (out of
+// memory) from the call that made it, or is absorbed; never the end of the process, a block
+// reaching a stream early, or device memory left after the pool.
+TEST_CASE("each host allocation of a pool's life failing in turn ends no process, races nothing "
+          "and leaks no device memory") {
+  const bool expandable = GENERATE(false, true);
+  const bool capture = GENERATE(false, true);
+  CAPTURE(expandable, capture);
+  long n = 1;
+  for (; n < 5000; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    auto options = test_options();
+    options.expandable_segments = expandable;
+    bool reached = false;
+    {
+      auto pool = std::make_unique<MemoryPool>(std::make_shared<DeviceWithMemory>(fake), options);
+      cudaStream_t a = fake->create_stream("a");
+      cudaStream_t b = fake->create_stream("b");
+      fail_countdown = n;
+      try {
+        a_pool_life(*pool, *fake, a, b, capture);
+      } catch (const std::bad_alloc&) {
+      } catch (const streampool::Error& e) {
+        CHECK(e.errc() == streampool::Errc::out_of_memory);
+      }
+      reached = fail_countdown == 0;
+      fail_countdown = 0;
+      fake->complete_all();
+    }
+    INFO(first_hazard(*fake));
+    CHECK(fake->hazards().empty());
+    CHECK(fake->live_bytes() == 0);
+    if (!reached) break;  // the life made fewer than n allocations: every one has failed once
+  }
+  CHECK(n > 10);
 }

@@ -196,9 +196,18 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
 
 }  // namespace
 
+namespace {
+// The gate first: a binding holds the core (keep) from its construction, and a constructor that
+// throws after it never runs the destructor that lets the core go (the pool and its memory would
+// never be freed).
+detail::CaptureBinding* gated_binding(detail::PoolCore& core) {
+  detail::CaptureGate::of(core);
+  return new detail::CaptureBinding(core);
+}
+}  // namespace
+
 CapturePool::CapturePool(MemoryPool& source)
-    : source_(source), binding_(new detail::CaptureBinding(source.core())) {
-  detail::CaptureGate::of(source.core());
+    : source_(source), binding_(gated_binding(source.core())) {
   safe_point();
 }
 
