@@ -157,7 +157,7 @@ using streampool::DeviceWithMemory;
 
 namespace {
 // A pool's life: buffers of both tiers, record_stream, a raw allocation freed on another
-// stream, trim; with `capture`, a CapturePool's capture too.
+// stream, stats, release_stream, trim; with `capture`, a CapturePool's capture too.
 void a_pool_life(MemoryPool& pool, FakeDevice& fake, cudaStream_t a, cudaStream_t b,
                  bool capture) {
   std::vector<Bytes> buffers;
@@ -183,6 +183,9 @@ void a_pool_life(MemoryPool& pool, FakeDevice& fake, cudaStream_t a, cudaStream_
   buffers.clear();
   void* raw = pool.allocate(MiB, a);
   pool.deallocate(raw, MiB, b);
+  (void)pool.stats();
+  (void)pool.breakdown();
+  pool.release_stream(b);
   pool.trim();
 }
 }  // namespace
