@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -25,10 +26,16 @@ struct PerThread {
   std::mutex mutex;
   std::unordered_map<std::thread::id, int> count;
 };
-PerThread& per_thread() {
-  static PerThread* instance = new PerThread;  // never destroyed: used until the very end
+// Never destroyed (used until the very end), and made in static storage, not on the heap: the
+// first call may come from a function that may not throw (allowed_now, settle_left_captures).
+template <class T>
+T& never_destroyed() noexcept {
+  alignas(T) static unsigned char storage[sizeof(T)];
+  static T* const instance = new (storage) T;
   return *instance;
 }
+
+PerThread& per_thread() noexcept { return never_destroyed<PerThread>(); }
 
 // Captures left under way (capture_guard.hpp), and the threads that began captures and have not
 // exited (by this_thread_token(), which no later thread gets).
@@ -44,10 +51,7 @@ struct LeftCaptures {
   std::unordered_set<std::uint64_t> watched;
   std::atomic<int> count{0};  // left.size(), read without the mutex
 };
-LeftCaptures& left_captures() {
-  static LeftCaptures* instance = new LeftCaptures;  // never destroyed, as per_thread()
-  return *instance;
-}
+LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>(); }
 
 // Takes out the captures left to `token` for which `over` holds; their notes end after.
 template <class Over>
