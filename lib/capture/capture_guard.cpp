@@ -1,12 +1,12 @@
 #include "capture_guard.hpp"
 
 #include "../pool/gate.hpp"
+#include "../pool/never_destroyed.hpp"
 #include "../pool/stream_state.hpp"  // this_thread_token
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <new>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -26,15 +26,8 @@ struct PerThread {
   std::mutex mutex;
   std::unordered_map<std::thread::id, int> count;
 };
-// Never destroyed (used until the very end), and made in static storage, not on the heap: the
-// first call may come from a function that may not throw (allowed_now, settle_left_captures).
-template <class T>
-T& never_destroyed() noexcept {
-  alignas(T) static unsigned char storage[sizeof(T)];
-  static T* const instance = new (storage) T;
-  return *instance;
-}
-
+// Made at the first call, which may come from a function that may not throw (allowed_now,
+// settle_left_captures): never_destroyed.hpp.
 PerThread& per_thread() noexcept { return never_destroyed<PerThread>(); }
 
 // Captures left under way (capture_guard.hpp), and the threads that began captures and have not

@@ -194,9 +194,6 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   binding.end_capture();  // nothing was dropped in it: only the claim and the record go
 }
 
-}  // namespace
-
-namespace {
 // The gate first: a binding holds the core (keep) from its construction, and a constructor that
 // throws after it never runs the destructor that lets the core go (the pool and its memory would
 // never be freed).
@@ -204,6 +201,7 @@ detail::CaptureBinding* gated_binding(detail::PoolCore& core) {
   detail::CaptureGate::of(core);
   return new detail::CaptureBinding(core);
 }
+
 }  // namespace
 
 CapturePool::CapturePool(MemoryPool& source)

@@ -3,6 +3,7 @@
 
 #include "checks.hpp"
 #include "contention.hpp"
+#include "never_destroyed.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -55,13 +56,8 @@ struct Owners {
   BiasedLock::Owner* free = nullptr;
 };
 
-Owners& owners() noexcept {
-  // Never destroyed (threads may exit after static destruction), and made in static storage: a
-  // heap allocation here, the first lock of the process, could throw where nothing may.
-  alignas(Owners) static unsigned char storage[sizeof(Owners)];
-  static Owners* const all = new (storage) Owners;
-  return *all;
-}
+// Made at the first lock of the process, where nothing may throw: never_destroyed.hpp.
+Owners& owners() noexcept { return never_destroyed<Owners>(); }
 
 // At the thread's exit its record goes to the next new thread. A C++ thread-local's destructor
 // rather than a pthread key's: the C++ runtime keeps the library loaded until it has run. A lock
