@@ -19,7 +19,7 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // Before the block is on any list, where another thread may take it and announce it live. A
   // gate-owned piece (keeper) was never announced (the layer above announced its range as held).
   // Announced on the block's own stream, as it is placed: this thread may be another than the one
-  // whose per-thread stream `stream` named (a CapturePool's release, completed at a safe point).
+  // whose per-thread stream `stream` named (a release the gate's layer completed at a safe point).
   if (b->keeper == nullptr) announce_dropped_home(b, stream);
   StreamState& s = *b->home;
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {

@@ -75,7 +75,7 @@ bool LargeTier::normalize(Block* range) noexcept {
   if (range->need.timeline == nullptr) return true;
   if (!covered(range->need)) return false;
   const bool indexed = range->free && !range->is_slab;
-  if (indexed) owned_.erase(range);
+  if (indexed) unindex(range);
   range->need = {};
   if (indexed) index(range);
   return true;
@@ -87,13 +87,17 @@ void LargeTier::index(Block* range) noexcept {
     if (range->need.timeline == nullptr) clean_.insert(range);
     else owned_.insert(range);
   } catch (const std::bad_alloc&) {
-    // Unindexed, the range is lost to reuse until its segment is freed; nothing breaks.
+    ++unindexed_;  // lost to reuse for now (large_tier.hpp); nothing breaks
   }
 }
 
 void LargeTier::unindex(Block* range) noexcept {
-  if (range->need.timeline == nullptr) clean_.erase(range);
-  else owned_.erase(range);
+  const std::size_t erased =
+      range->need.timeline == nullptr ? clean_.erase(range) : owned_.erase(range);
+  if (erased == 0) {
+    STREAMPOOL_ASSERT(range->free && unindexed_ > 0);
+    --unindexed_;
+  }
 }
 
 Segment* LargeTier::home_of(const StreamState* s) const noexcept {
@@ -728,6 +732,7 @@ void LargeTier::describe(PoolBreakdown& out) noexcept {
 bool LargeTier::consistent() noexcept {
   std::lock_guard<CountedMutex> lock(mutex_);
   std::size_t indexed = 0;
+  std::size_t unindexed = 0;
   for (const auto& segment : segments_) {
     std::byte* at = segment->base;
     const Block* previous = nullptr;
@@ -747,13 +752,19 @@ bool LargeTier::consistent() noexcept {
       }
       // A range in use is its user's: its need is not read here (it is written without this
       // mutex). That none is indexed follows from the count below: every free one is found in
-      // exactly one index.
+      // the index of its need and in no other, or in neither (counted in unindexed_).
       if (r->free && !r->is_slab) {
         Block* const range = const_cast<Block*>(r);
         const bool clean = r->need.timeline == nullptr;
-        if (clean ? clean_.count(range) != 1 : owned_.count(range) != 1) return false;
-        if (clean_.count(range) + owned_.count(range) != 1) return false;
-        ++indexed;
+        const std::size_t in_clean = clean_.count(range);
+        const std::size_t in_owned = owned_.count(range);
+        if (in_clean + in_owned == 0) {
+          ++unindexed;
+        } else if (in_clean + in_owned != 1 || (clean ? in_clean : in_owned) != 1) {
+          return false;
+        } else {
+          ++indexed;
+        }
       }
       at += r->size;
       previous = r;
@@ -772,7 +783,7 @@ bool LargeTier::consistent() noexcept {
       if (mapped != segment->mapped || in_mappings != mapped) return false;
     }
   }
-  return indexed == clean_.size() + owned_.size();
+  return indexed == clean_.size() + owned_.size() && unindexed == unindexed_;
 }
 
 }  // namespace streampool::detail

@@ -201,7 +201,12 @@ class LargeTier {
   // need, index) is the caller's to set. Returns `piece`.
   static Block* split_at(Block* range, Block* piece, std::byte* at) noexcept;
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
+  // A free range into clean_ or owned_ (by its need). Where the index finds no host memory the
+  // range stays unindexed, counted in unindexed_: lost to reuse until it merges with a neighbour
+  // or its segment goes, each of which unindexes it.
   void index(Block* range) noexcept;
+  // A free range out of its index (or out of unindexed_'s count). Its need must be the one it
+  // was indexed with.
   void unindex(Block* range) noexcept;
   // An indexed range whose need is covered moves to the clean index; true when clean.
   bool normalize(Block* range) noexcept;
@@ -310,6 +315,7 @@ class LargeTier {
   std::vector<std::unique_ptr<Segment>> segments_;
   std::set<Block*, BySize> clean_;
   std::set<Block*, ByOwner> owned_;
+  std::size_t unindexed_ = 0;  // free ranges in neither index (index() found no host memory)
   std::vector<Block*> spare_;
   // Large requests that missed their stream's shelf (find_tight): the clock by which a home's
   // stream counts as active. [mutex_]

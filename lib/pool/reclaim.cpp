@@ -345,7 +345,7 @@ void PoolCore::release_stream(cudaStream_t stream) {
     s->lock.unlock();
   }
   if (unwaited != none && pending && !waited) {
-    // Not waited for after all (during a capture, or the device refused): stranded until a
+    // Not waited for after all (calls_allowed forbade it, or the device refused): stranded until a
     // device synchronize, as a stream nothing can fence.
     note_stranded(unwaited);
     lost_streams_.fetch_add(1, std::memory_order_relaxed);
