@@ -6,6 +6,7 @@
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
+#include <streampool/reserved_limit.hpp>
 
 #include <cstdlib>
 #include <memory>
@@ -281,3 +282,43 @@ TEST_CASE("each host allocation of a pool's life failing in turn ends no process
   CHECK(n > 10);
 }
 
+// Found in review (2026-12-05): ReservedLimit recorded a device allocation's size after the
+// device call; where that record found no host memory, it freed the allocation again and ignored
+// the answer, so a refused free left device memory that neither the caller (told the allocation
+// failed) nor the limit counted. Now the record is made before the device call, which then has
+// nothing left to fail after it.
+TEST_CASE("a reserved-memory limit whose record finds no host memory leaves no device memory "
+          "it does not count") {
+  const bool physical = GENERATE(false, true);  // malloc, or vm_create
+  CAPTURE(physical);
+  constexpr std::size_t bytes = 4 * MiB;
+  long n = 1;
+  for (; n < 50; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    streampool::ReservedLimit limit(std::make_shared<DeviceWithMemory>(fake), bytes);
+    fake->fail_next(physical ? Call::vm_release : Call::free, 1);  // a give-back is refused
+    void* ptr = nullptr;
+    streampool::VmHandle handle = 0;
+    fail_countdown = n;
+    const cudaError_t status =
+        physical ? limit.vm_create(&handle, bytes) : limit.malloc(&ptr, bytes);
+    const bool reached = fail_countdown == 0;
+    fail_countdown = 0;
+    fake->fail_next(physical ? Call::vm_release : Call::free, 0);
+    if (status == cudaSuccess) {
+      CHECK(fake->live_bytes() == bytes);
+      CHECK((physical ? limit.vm_release(handle) : limit.free(ptr)) == cudaSuccess);
+    } else {
+      CHECK(status == cudaErrorMemoryAllocation);
+      CHECK(fake->live_bytes() == 0);  // the caller has nothing to free
+    }
+    CHECK(fake->live_bytes() == 0);
+    // The limit counts nothing: the whole of it can be taken again.
+    CHECK((physical ? limit.vm_create(&handle, bytes) : limit.malloc(&ptr, bytes)) ==
+          cudaSuccess);
+    CHECK((physical ? limit.vm_release(handle) : limit.free(ptr)) == cudaSuccess);
+    if (!reached) break;  // the call made fewer than n allocations: each failed once
+  }
+  CHECK(n > 1);
+}

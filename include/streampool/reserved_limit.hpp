@@ -39,16 +39,18 @@ class STREAMPOOL_API ReservedLimit final : public ForwardingDevice {
 
  private:
   // Counts `bytes` in while `allocate` runs (so two threads cannot both pass) and keeps them
-  // under its key if it succeeds; `undo` frees the key if they cannot be kept.
-  template <class Key, class Allocate, class Undo>
+  // under its key if it succeeds. The record is made first: nothing is left to fail after the
+  // device call, which would leave memory that neither the caller nor the limit counts.
+  template <class Key, class Allocate>
   cudaError_t take(std::unordered_map<Key, std::size_t>& sizes, std::size_t bytes,
-                   Allocate&& allocate, Undo&& undo) noexcept;
+                   Allocate&& allocate) noexcept;
   template <class Key>
   void give(std::unordered_map<Key, std::size_t>& sizes, Key key) noexcept;
 
   std::atomic<std::size_t> limit_;
   std::mutex mutex_;
   std::size_t reserved_ = 0;                                // [mutex_]
+  std::size_t taking_ = 0;  // takes whose device call runs, each with a record to add [mutex_]
   std::unordered_map<void*, std::size_t> sizes_;            // [mutex_]
   std::unordered_map<VmHandle, std::size_t> handle_sizes_;  // [mutex_]
 };

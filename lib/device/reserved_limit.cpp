@@ -1,31 +1,56 @@
 #include <streampool/reserved_limit.hpp>
 
+#include <cstdint>
+#include <new>
+#include <type_traits>
+
 namespace streampool {
 
-template <class Key, class Allocate, class Undo>
+namespace {
+// A record of `sizes`' kind outside it, made with a key it does not hold: inserted later with
+// its key set, it needs no memory (where the buckets have room).
+template <class Key>
+auto blank_record(std::unordered_map<Key, std::size_t>& sizes) {
+  std::uintptr_t n = 0;
+  const auto key = [&] {
+    if constexpr (std::is_pointer_v<Key>) return reinterpret_cast<Key>(n);
+    else return static_cast<Key>(n);
+  };
+  while (sizes.count(key()) != 0) ++n;
+  return sizes.extract(sizes.emplace(key(), 0).first);
+}
+}  // namespace
+
+template <class Key, class Allocate>
 cudaError_t ReservedLimit::take(std::unordered_map<Key, std::size_t>& sizes, std::size_t bytes,
-                                Allocate&& allocate, Undo&& undo) noexcept {
+                                Allocate&& allocate) noexcept {
+  typename std::unordered_map<Key, std::size_t>::node_type record;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::size_t limit = this->limit();
     if (bytes > limit || reserved_ > limit - bytes) return cudaErrorMemoryAllocation;
+    try {
+      // Buckets for every record the takes under way will add: no insertion below rehashes.
+      sizes.reserve(sizes.size() + taking_ + 1);
+      record = blank_record(sizes);
+    } catch (const std::bad_alloc&) {
+      return cudaErrorMemoryAllocation;  // as the device answers when it has no memory
+    }
     reserved_ += bytes;  // held while the call runs, so that two threads cannot both pass
+    ++taking_;
   }
   Key key{};
   const cudaError_t status = allocate(key);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (status == cudaSuccess) {
-    try {
-      sizes.emplace(key, bytes);
-      return cudaSuccess;
-    } catch (const std::bad_alloc&) {
-      undo(key);
-      reserved_ -= bytes;
-      return cudaErrorMemoryAllocation;
-    }
+  --taking_;
+  if (status != cudaSuccess) {
+    reserved_ -= bytes;
+    return status;
   }
-  reserved_ -= bytes;
-  return status;
+  record.key() = key;
+  record.mapped() = bytes;
+  sizes.insert(std::move(record));
+  return cudaSuccess;
 }
 
 template <class Key>
@@ -44,10 +69,6 @@ cudaError_t ReservedLimit::malloc(void** ptr, std::size_t bytes) noexcept {
         const cudaError_t status = ForwardingDevice::malloc(ptr, bytes);
         key = *ptr;
         return status;
-      },
-      [&](void* key) {
-        ForwardingDevice::free(key);
-        *ptr = nullptr;
       });
 }
 
@@ -64,8 +85,7 @@ cudaError_t ReservedLimit::vm_create(VmHandle* handle, std::size_t bytes) noexce
         const cudaError_t status = ForwardingDevice::vm_create(handle, bytes);
         key = *handle;
         return status;
-      },
-      [&](VmHandle key) { ForwardingDevice::vm_release(key); });
+      });
 }
 
 cudaError_t ReservedLimit::vm_release(VmHandle handle) noexcept {
