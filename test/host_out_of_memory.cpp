@@ -7,10 +7,16 @@
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/reserved_limit.hpp>
+#include <streampool/trace_recorder.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <new>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -321,4 +327,44 @@ TEST_CASE("a reserved-memory limit whose record finds no host memory leaves no d
     if (!reached) break;  // the call made fewer than n allocations: each failed once
   }
   CHECK(n > 1);
+}
+
+// Found in review (2026-12-05): the trace recorder's calls from the pool may not throw
+// (observer.hpp). Out of host memory for an allocation's record the recorder stops, as
+// documented; but the message it stopped with was built (a std::string, the argument of its
+// fail()) inside the bad_alloc handler of a noexcept function, so where that allocation failed
+// too, the process ended (std::terminate). Here the n-th host allocation of a pair fails, and the
+// first of the message's size after it.
+TEST_CASE("a recording that runs out of host memory stops, and the process goes on") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("streampool_host_memory." + std::to_string(::getpid()) + ".csv"))
+                               .string();
+  bool stopped = false;
+  for (long n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    auto options = test_options();
+    options.trace_file = path;
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), options);
+    cudaStream_t a = fake->create_stream();
+    { auto x = Bytes::alloc_async(pool, 4 * KiB, a); }  // the stream, thread and slab are known
+    fail_countdown = n;
+    fail_next_of = sizeof("no memory to record an allocation");  // the message's size
+    {
+      std::error_code error;
+      auto x = Bytes::try_alloc_async(pool, 4 * KiB, a, error);
+    }
+    fail_countdown = 0;
+    fail_next_of = 0;
+    const streampool::TraceStatus status = streampool::trace_status(pool);
+    if (!status.error_message.empty()) {
+      stopped = true;
+      CHECK(!status.recording);
+      CHECK(status.error_message.find("the recording stopped") != std::string::npos);
+    }
+    auto after = Bytes::alloc_async(pool, 4 * KiB, a);  // the pool goes on
+    CHECK(after.data() != nullptr);
+  }
+  CHECK(stopped);  // some n failed the recorder's own allocation
+  std::remove(path.c_str());
 }

@@ -685,3 +685,25 @@ TEST_CASE("a buffer dropped at exit after the exit flush still reaches the file"
   CHECK(lines.front().action == "allocate");
   CHECK(lines.size() == 2);  // its allocation and its free
 }
+
+// Found in review (2026-12-05): the pool takes 0 and cudaStreamLegacy for one stream (the legacy
+// default stream: one state, same-stream reuse), but the recorder gave each handle an id of its
+// own, so a buffer allocated on 0 and freed on cudaStreamLegacy was written as a cross-stream
+// free, which the replay serves with a record_stream on a second stream and a fence.
+TEST_CASE("0 and cudaStreamLegacy are one stream in the trace, as in the pool", "[trace]") {
+  TempDir dir;
+  const std::string path = dir.file("legacy.csv");
+  PoolOnFake pool(recording(path));
+  void* p = pool->allocate(4096, nullptr);
+  pool->deallocate(p, 4096, cudaStreamLegacy);
+  void* q = pool->allocate(4096, nullptr);
+  CHECK(q == p);  // the pool reused it at once: one stream
+  CHECK(pool->stats().fences_recorded == 0);
+  pool->deallocate(q, 4096, nullptr);
+  streampool::flush_trace(*pool);
+  const auto lines = read_lines(path);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[1].stream == lines[0].stream);
+  CHECK(lines[2].stream == lines[0].stream);
+  CHECK(streampool::trace_status(*pool).streams == 1);
+}

@@ -259,6 +259,8 @@ void TraceRecorder::closing() noexcept {
 }
 
 TraceRecorder::StreamKey TraceRecorder::key_of(cudaStream_t stream) noexcept {
+  // 0 and cudaStreamLegacy name one stream, the legacy default stream, as the pool sees it.
+  if (stream == nullptr) stream = cudaStreamLegacy;
   return {stream, stream == cudaStreamPerThread ? this_thread_token() : 0};
 }
 
@@ -307,21 +309,23 @@ void TraceRecorder::write_out() noexcept {
   const std::size_t written = std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
   if (written != buffer_.size()) {
     const int why = errno;
-    fail(fmt::format("writing it failed: {}", why != 0 ? std::strerror(why) : "short write"));
+    fail("writing it failed", why != 0 ? std::strerror(why) : "short write");
     return;
   }
   buffer_.clear();
 }
 
-void TraceRecorder::fail(const std::string& why) noexcept {
+void TraceRecorder::fail(std::string_view why, const char* reason) noexcept {
   try {
     status_.error_message = fmt::format(
-        "trace_file '{}': {}; the recording stopped after {} allocations and {} frees (the file "
-        "is incomplete)",
-        status_.path, why, status_.allocations, status_.frees);
+        "trace_file '{}': {}{}{}; the recording stopped after {} allocations and {} frees (the "
+        "file is incomplete)",
+        status_.path, why, reason != nullptr ? ": " : "", reason != nullptr ? reason : "",
+        status_.allocations, status_.frees);
     std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
   } catch (...) {
-    std::fprintf(stderr, "streampool: trace_file: %s\n", why.c_str());
+    std::fprintf(stderr, "streampool: trace_file: %.*s%s%s\n", static_cast<int>(why.size()),
+                 why.data(), reason != nullptr ? ": " : "", reason != nullptr ? reason : "");
   }
   buffer_.clear();
   close_file();

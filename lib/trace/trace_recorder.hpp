@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -80,7 +81,7 @@ class TraceRecorder final : public Observer {
   void write_line(bool allocation, const void* ptr, std::size_t bytes, std::uint32_t stream);
   // Writes the buffer out; on failure, stops the recording with `what` and the OS's reason.
   void write_out() noexcept;
-  void fail(const std::string& why) noexcept;
+  void fail(std::string_view why, const char* reason = nullptr) noexcept;
   void close_file() noexcept;
 
   PoolCore& core_;
