@@ -46,12 +46,13 @@ void on_gpus() {
 int main() {
   // guide-begin several_devices
   int current = 0;  // the test's current device: FakeDevice knows none
+  std::shared_ptr<streampool::FakeDevice> fakes[2];  // kept: the pools' device() may wrap them
   streampool::DevicePools::Hooks hooks;
-  hooks.make_pool = [](int ordinal) {
+  hooks.make_pool = [&fakes](int ordinal) {
     streampool::FakeDevice::Options options;
     options.ordinal = ordinal;
-    return std::make_shared<streampool::MemoryPool>(
-        std::make_shared<streampool::FakeDevice>(options));
+    fakes[ordinal] = std::make_shared<streampool::FakeDevice>(options);
+    return std::make_shared<streampool::MemoryPool>(fakes[ordinal]);
   };
   hooks.current_device = [&current] { return current; };
   streampool::DevicePools pools(hooks);
@@ -59,12 +60,10 @@ int main() {
   std::shared_ptr<streampool::MemoryPool> pool0 = pools.pool(0);  // made on this first lookup
   current = 1;
   std::shared_ptr<streampool::MemoryPool> pool1 = pools.current();  // device 1's
-  auto& fake1 = static_cast<streampool::FakeDevice&>(pool1->device());
-  cudaStream_t stream1 = fake1.create_stream("device 1");
+  cudaStream_t stream1 = fakes[1]->create_stream("device 1");
   auto on_1 = PooledBuffer<float>::alloc_async(*pool1, 1000, stream1);
   // guide-end
-  auto& fake0 = static_cast<streampool::FakeDevice&>(pool0->device());
-  cudaStream_t stream0 = fake0.create_stream("device 0");
+  cudaStream_t stream0 = fakes[0]->create_stream("device 0");
   auto on_0 = PooledBuffer<float>::alloc_async(*pool0, 1000, stream0);
 
   expect(pool0->device().ordinal() == 0 && pool1->device().ordinal() == 1,
@@ -86,11 +85,11 @@ int main() {
 
   on_0.reset();
   on_1.reset();
-  fake0.complete_all();
-  fake1.complete_all();
-  fake0.destroy_stream(stream0);
-  fake1.destroy_stream(stream1);
-  expect(fake0.hazards().empty() && fake1.hazards().empty(), "no hazard");
+  fakes[0]->complete_all();
+  fakes[1]->complete_all();
+  fakes[0]->destroy_stream(stream0);
+  fakes[1]->destroy_stream(stream1);
+  expect(fakes[0]->hazards().empty() && fakes[1]->hazards().empty(), "no hazard");
 
   if (streampool::CudaDevice::count() > 0) on_gpus();
   return right ? 0 : 1;

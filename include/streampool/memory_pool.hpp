@@ -95,6 +95,9 @@ class STREAMPOOL_API MemoryPool {
   // Where the reserved memory is now (see PoolBreakdown): takes every lock of the pool in turn.
   PoolBreakdown breakdown() const;
   const PoolOptions& options() const noexcept;
+  // The device the pool calls: the one it was given, or a decorator over it (ReservedLimit for
+  // max_reserved_bytes, the NVTX layer for nvtx_memory). Keep your own reference to a device
+  // whose type you need.
   Device& device() const noexcept;
 
   // The library's internals (PooledBuffer, CapturePool) reach the pool through this.
