@@ -221,7 +221,7 @@ TEST_CASE("sizes take a K, M or G suffix, binary, in either case or as KiB, MiB,
           ~std::size_t{0});
 }
 
-TEST_CASE("spaces and tabs around items, keys and values are ignored, and so are empty items") {
+TEST_CASE("white space around items, keys and values is ignored, and so are empty items") {
   const PoolOptions parsed =
       PoolOptions::parse(" ,, slab = 1M ,\tstream_checks\t=\tnone\t,,fence_every_free= on ,");
   PoolOptions expected;
@@ -231,6 +231,9 @@ TEST_CASE("spaces and tabs around items, keys and values are ignored, and so are
   REQUIRE(parsed == expected);
   REQUIRE(PoolOptions::parse("") == PoolOptions{});
   REQUIRE(PoolOptions::parse(" , ,\t,") == PoolOptions{});
+  // A line end too, as a variable read from a file keeps it (found in review, 2026-12-05).
+  REQUIRE(PoolOptions::parse("slab=1M\n").slab_bytes == 1 * MiB);
+  REQUIRE(PoolOptions::parse("slab=1M\r\n").slab_bytes == 1 * MiB);
 }
 
 TEST_CASE("bad input throws invalid_value with a message naming the key or the value") {
@@ -271,6 +274,14 @@ TEST_CASE("bad input throws invalid_value with a message naming the key or the v
   SECTION("a bad stream_checks names its value and the three accepted") {
     REQUIRE_THAT(refusal("stream_checks=some"),
                  Catch::Contains("stream_checks=some") && Catch::Contains("none, identity or full"));
+  }
+  // Found in review (2026-12-05): counts and times took size suffixes, so idle_ms=1K meant 1024.
+  SECTION("a count or a time with a size suffix names its key and value") {
+    for (const char* conf : {"idle_ms=1K", "unfenced_us=2M", "per_doubling=1K", "large_shelf=1k",
+                             "stream_homes=1G"}) {
+      CAPTURE(conf);
+      REQUIRE_THAT(refusal(conf), Catch::Contains(conf) && Catch::Contains("a whole number"));
+    }
   }
   SECTION("per_doubling above 8 names its key and value") {
     REQUIRE_THAT(refusal("per_doubling=16"), Catch::Contains("per_doubling=16"));

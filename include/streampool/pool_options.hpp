@@ -134,8 +134,10 @@ struct STREAMPOOL_API PoolOptions {
   // max_reserved, unfenced,
   // unfenced_us, idle_ms, fence_every_free, cross_stream_wait, stream_checks
   // (none|identity|full), stats_granule, nvtx_memory, trace_file (a path, taken as written).
-  // Sizes take a K, M or G suffix (binary). Spaces around items, keys and values and empty items are
-  // ignored; a key given twice takes its later value (each value must be valid).
+  // Sizes take a K, M or G suffix (binary); counts and times (per_doubling, large_shelf,
+  // stream_homes, unfenced_us, idle_ms) are digits alone. Spaces, tabs and line ends around items,
+  // keys and values, and empty items, are ignored; a key given twice takes its later value (each
+  // value must be valid).
   // Throws Error(Errc::invalid_value) naming the bad key or value: an unknown or empty key, an
   // item without '=', a value that is empty, negative, not a number, too large for its field,
   // or, through validate(), options the pool cannot use (the key and its limit named).

@@ -12,9 +12,11 @@
 namespace streampool {
 namespace {
 
+// Spaces, tabs and line ends (a variable read from a file may keep its line's end).
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
   return s;
 }
 
@@ -38,6 +40,16 @@ std::size_t parse_size(std::string_view key, std::string_view value) {
   else if (!suffix.empty()) bad(key, value, "unknown size suffix (use K, M or G)");
   if (number > (~std::size_t{0} >> shift)) bad(key, value, "too large");
   return number << shift;
+}
+
+// A count or a time: digits alone (a size suffix there would multiply it by 1024).
+std::size_t parse_count(std::string_view key, std::string_view value) {
+  std::size_t number = 0;
+  const char* last = value.data() + value.size();
+  const auto [end, ec] = std::from_chars(value.data(), last, number);
+  if (ec == std::errc::result_out_of_range) bad(key, value, "too large");
+  if (ec != std::errc() || end != last || value.empty()) bad(key, value, "expected a whole number");
+  return number;
 }
 
 bool parse_bool(std::string_view key, std::string_view value) {
@@ -82,7 +94,7 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     const std::string_view value = trim(item.substr(eq + 1));
     if (key == "smallest") o.size_classes.smallest = parse_size(key, value);
     else if (key == "per_doubling") {
-      const std::size_t n = parse_size(key, value);
+      const std::size_t n = parse_count(key, value);
       if (n > 8) bad(key, value, "must be 1, 2, 4 or 8");
       o.size_classes.per_doubling = static_cast<unsigned>(n);
     }
@@ -92,26 +104,26 @@ PoolOptions PoolOptions::parse(std::string_view conf, const PoolOptions& base) {
     else if (key == "segment") o.segment_bytes = parse_size(key, value);
     else if (key == "large_rounding") o.large_rounding = parse_size(key, value);
     else if (key == "large_shelf") {
-      const std::size_t n = parse_size(key, value);
+      const std::size_t n = parse_count(key, value);
       if (n > max_large_shelf) bad(key, value, fmt::format("at most {}", max_large_shelf));
       o.large_shelf = static_cast<std::uint32_t>(n);
     }
     else if (key == "max_reserved") o.max_reserved_bytes = parse_size(key, value);
     else if (key == "unfenced") o.unfenced_bytes = parse_size(key, value);
     else if (key == "unfenced_us") {
-      const std::size_t n = parse_size(key, value);
+      const std::size_t n = parse_count(key, value);
       if (n > std::numeric_limits<std::uint32_t>::max()) bad(key, value, "too large");
       o.unfenced_us = static_cast<std::uint32_t>(n);
     }
     else if (key == "idle_ms") {
-      const std::size_t n = parse_size(key, value);
+      const std::size_t n = parse_count(key, value);
       if (n > std::numeric_limits<std::uint32_t>::max()) bad(key, value, "too large");
       o.idle_ms = static_cast<std::uint32_t>(n);
     }
     else if (key == "expandable_segments") o.expandable_segments = parse_bool(key, value);
     else if (key == "mapping") o.mapping_bytes = parse_size(key, value);
     else if (key == "stream_homes") {
-      const std::size_t n = parse_size(key, value);
+      const std::size_t n = parse_count(key, value);
       if (n > max_stream_homes) bad(key, value, fmt::format("at most {}", max_stream_homes));
       o.stream_homes = static_cast<std::uint32_t>(n);
     }
