@@ -97,20 +97,21 @@ Table latency_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOpti
   Table table;
   table.title = "Allocate + free pair, one stream (ns per pair, median)";
   table.note = fmt::format("Median of {} runs; each run times batches of pairs until one takes "
-                           "{} s. streampool pairs are PooledBuffer lives.",
+                           "{} s, every size in turn (a slow spell of the machine falls on all "
+                           "sizes alike). streampool pairs are PooledBuffer lives.",
                            options.repeats, options.seconds_per_point);
   table.header.push_back("allocator");
   for (std::size_t bytes : options.sizes) table.header.push_back(bytes_label(bytes));
   cudaStream_t stream = new_stream();
   for (auto& peer : peers) {
     std::vector<std::string> row{peer->name()};
-    for (std::size_t bytes : options.sizes) {
-      std::vector<double> runs;
-      for (int r = 0; r < options.repeats; ++r) {
-        runs.push_back(time_pairs(*peer, bytes, stream, options.seconds_per_point));
+    std::vector<std::vector<double>> runs(options.sizes.size());
+    for (int r = 0; r < options.repeats; ++r) {
+      for (std::size_t i = 0; i < options.sizes.size(); ++i) {
+        runs[i].push_back(time_pairs(*peer, options.sizes[i], stream, options.seconds_per_point));
       }
-      row.push_back(format_ns(median(runs)));
     }
+    for (const auto& of_size : runs) row.push_back(format_ns(median(of_size)));
     peer->forget_stream(stream);
     peer->release_cached();
     table.rows.push_back(std::move(row));
