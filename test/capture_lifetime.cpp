@@ -475,3 +475,71 @@ TEST_CASE("a graph destroy CUDA refused after the MemoryPool went does not destr
   { streampool::MemoryPool next(fake, test_options()); }  // a safe point buries the core
   CHECK(fake->live_bytes() == 0);
 }
+
+// Found in review (2026-12-05): a CapturedGraph launched into another capture becomes part of the
+// graph being captured (a child graph), which then writes the launched graph's private memory;
+// CUDA gives the outer graph no reference to the inner graph's user objects. With the inner
+// CapturedGraph and its pool's handles gone, the pool went and its memory went back to the
+// MemoryPool while the outer graph still replayed into it. The capture's CapturePool keeps the
+// launched graph's pool now.
+TEST_CASE("a CapturedGraph launched into another capture keeps its pool for the outer graph") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  CompleteReleasesAtExit at_exit;
+
+  auto inner_pool = std::make_shared<CapturePool>(*pool);
+  inner_pool->reserve(MiB);
+  streampool::begin_capture_with_pool(inner_pool, s);
+  {
+    auto x = Bytes::alloc_async(*pool, 4 * KiB, s);  // private memory of inner_pool
+    fake.launch(s, {{x.data(), x.byte_size(), true}});
+  }
+  CapturedGraph inner = streampool::end_capture_with_pool(s, inner_pool);
+  inner_pool.reset();
+
+  auto outer_pool = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(outer_pool, t);
+  inner.launch(t);  // captured as a child graph: the outer graph writes inner's memory
+  CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
+  outer_pool.reset();
+
+  inner = CapturedGraph();  // the inner graph goes; the outer one still replays its work
+  streampool::complete_graph_releases();
+  {
+    // The shared cache hands out nothing of inner's memory while the outer graph may replay.
+    auto other = Bytes::alloc_async(*pool, 4 * KiB, s);
+    fake.launch(s, {{other.data(), other.byte_size(), true}}, {}, "ordinary work");
+  }
+  outer.launch(t);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("a CapturedGraph launched into a capture with no CapturePool of its MemoryPool throws "
+          "capture_without_pool, and launches nothing") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  CompleteReleasesAtExit at_exit;
+  auto capture_pool = std::make_shared<CapturePool>(*pool);
+  capture_pool->reserve(MiB);
+  streampool::begin_capture_with_pool(capture_pool, s);
+  { auto x = Bytes::alloc_async(*pool, 4 * KiB, s); }
+  CapturedGraph graph = streampool::end_capture_with_pool(s, capture_pool);
+
+  REQUIRE(fake.begin_capture(t, streampool::CaptureMode::relaxed) == cudaSuccess);
+  try {
+    graph.launch(t);
+    FAIL("launched");
+  } catch (const streampool::Error& e) {
+    CHECK(e.errc() == streampool::Errc::capture_without_pool);
+  }
+  cudaGraph_t ended = nullptr;
+  REQUIRE(fake.end_capture(t, &ended) == cudaSuccess);
+  CHECK(graph.replay_count() == 0);
+  fake.graph_destroy(ended);
+}

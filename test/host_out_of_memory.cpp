@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -367,4 +368,59 @@ TEST_CASE("a recording that runs out of host memory stops, and the process goes 
   }
   CHECK(stopped);  // some n failed the recorder's own allocation
   std::remove(path.c_str());
+}
+
+// Found in review (2026-12-05): CaptureBinding::insert_piece grew its free neighbour before it
+// copied the needs into it; where that copy found no host memory, the neighbour covered the
+// dropped piece without its needs, and a later capture was handed the piece while the work of its
+// last use was pending. Each host allocation of the piece's drop fails in turn.
+TEST_CASE("a private piece whose drop finds no host memory is not reused before its pending "
+          "uses") {
+  long n = 1;
+  for (; n < 100; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    bool reached = false;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t s = fake->create_stream("captured");
+      cudaStream_t y = fake->create_stream("user");
+      cudaStream_t w = fake->create_stream("replay");
+      auto capture = std::make_shared<streampool::CapturePool>(pool);
+      capture->reserve(MiB);
+      std::optional<Bytes> q, p, z;
+      streampool::begin_capture_with_pool(capture, s);
+      q.emplace(Bytes::alloc_async(pool, 4 * KiB, s));
+      p.emplace(Bytes::alloc_async(pool, 4 * KiB, s));
+      z.emplace(Bytes::alloc_async(pool, 4 * KiB, s));  // keeps P apart from the free remainder
+      auto g1 = streampool::end_capture_with_pool(s, capture);
+      REQUIRE(static_cast<std::byte*>(p->data()) == static_cast<std::byte*>(q->data()) + 4 * KiB);
+      std::byte* const p_ptr = static_cast<std::byte*>(p->data());
+
+      q.reset();  // free before P, with S's fence as its need
+      p->record_stream(y);
+      fake->launch(y, {{p->data(), p->byte_size(), true}}, {}, "user write of P");  // pending
+      fail_countdown = n;
+      p.reset();  // P's needs: S's and Y's fences
+      reached = fail_countdown == 0;
+      fail_countdown = 0;
+      fake->complete(s);  // S's fence completes; Y's write is still pending
+
+      streampool::begin_capture_with_pool(capture, s);
+      std::error_code error;
+      std::optional<Bytes> r(Bytes::try_alloc_async(pool, 8 * KiB, s, error));
+      if (!r->is_empty()) fake->launch(s, {{r->data(), r->byte_size(), true}}, {}, "graph write");
+      auto g2 = streampool::end_capture_with_pool(s, capture);
+      auto* const r_ptr = static_cast<std::byte*>(r->data());
+      CHECK((r->is_empty() || r_ptr >= p_ptr + 4 * KiB || r_ptr + r->byte_size() <= p_ptr));
+      g2.launch(w);
+      INFO(first_hazard(*fake));
+      CHECK(fake->hazards().empty());
+      fake->complete_all();
+      r.reset();
+      z.reset();
+    }
+    if (!reached) break;
+  }
+  CHECK(n > 1);
 }

@@ -149,7 +149,11 @@ class STREAMPOOL_API CapturedGraph {
   ~CapturedGraph();
 
   // Enqueues one replay on `stream`. Throws Error on failure (naming cudaGraphLaunch, CUDA's
-  // error kept); the graph stays valid.
+  // error kept); the graph stays valid. Into a capture (the replay becomes part of the graph
+  // being captured), the capture must be bound to a CapturePool of the same MemoryPool
+  // (begin_capture_with_pool or attach_capture_with_pool): that CapturePool keeps this graph's
+  // pool alive for as long as it lives itself. Otherwise throws Error(capture_without_pool) and
+  // launches nothing. (Two pools each launched into the other's capture keep each other.)
   void launch(cudaStream_t stream);
   // Prepares the graph for launch on `stream` ahead of time. Throws Error as launch does
   // (naming cudaGraphUpload).
@@ -219,7 +223,7 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // A capture the library did not begin and is not bound to, for as long as this object lives: no
 // thread makes a call that a capture of `mode` would refuse, as during one begun with
 // begin_capture_with_pool (the pool then does without those calls: an allocation that would need
-// one fails with Errc::out_of_memory, or its reclaim skips that step). For a framework that
+// one fails with Errc::capture_forbids_call, or its reclaim skips that step). For a framework that
 // begins captures itself and lets the pool allocate for them on a stream that is not captured
 // (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
 // `thread` is the thread whose calls a thread-local capture restricts.

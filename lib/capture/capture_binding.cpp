@@ -13,6 +13,7 @@ constexpr std::size_t growth = std::size_t{2} << 20;  // growth step during a ca
 CaptureBinding::CaptureBinding(PoolCore& core) noexcept : core_(core) { core_.keep(); }
 
 CaptureBinding::~CaptureBinding() {
+  kept_.clear();  // graphs launched into this pool's captures: their pools may go now
   // Nothing can use the memory any more but the work that used it last: every graph made with it
   // is gone and its launches complete (CUDA releases a graph's user objects after them).
   for (auto& [block, needs] : adopted_) {
@@ -33,6 +34,11 @@ CaptureBinding::~CaptureBinding() {
     core_.return_range(range, std::move(needs));
   }
   core_.let_go();  // last: it may destroy the core
+}
+
+void CaptureBinding::keep_alive(std::shared_ptr<void> owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  kept_.push_back(std::move(owner));
 }
 
 void CaptureBinding::unref() noexcept {
@@ -80,20 +86,33 @@ void CaptureBinding::insert_piece(std::byte* ptr, Piece piece) {
     return other.range == piece.range && other.dropped_on == piece.dropped_on;
   };
   auto next = free_.lower_bound(ptr);
-  if (next != free_.end() && ptr + piece.size == next->first && joins(next->second)) {
-    piece.size += next->second.size;
-    piece.needs.insert(piece.needs.end(), next->second.needs.begin(), next->second.needs.end());
-    next = free_.erase(next);
-  }
+  const bool with_next =
+      next != free_.end() && ptr + piece.size == next->first && joins(next->second);
+  auto prev = free_.end();
   if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.size == ptr && joins(prev->second)) {
-      prev->second.size += piece.size;
-      prev->second.needs.insert(prev->second.needs.end(), piece.needs.begin(), piece.needs.end());
-      return;
-    }
+    const auto before = std::prev(next);
+    if (before->first + before->second.size == ptr && joins(before->second)) prev = before;
   }
-  free_.emplace(ptr, std::move(piece));
+  // Everything that may throw comes first, so that a failure leaves the free pieces as they were
+  // (a neighbour grown over the piece without its needs would be handed out early).
+  std::vector<Need> needs;
+  const auto append = [&needs](const std::vector<Need>& more) {
+    needs.insert(needs.end(), more.begin(), more.end());
+  };
+  needs.reserve((prev != free_.end() ? prev->second.needs.size() : 0) + piece.needs.size() +
+                (with_next ? next->second.needs.size() : 0));
+  if (prev != free_.end()) append(prev->second.needs);
+  append(piece.needs);
+  if (with_next) append(next->second.needs);
+  const std::size_t size = piece.size + (with_next ? next->second.size : 0);
+  if (prev == free_.end()) {
+    const auto it = free_.emplace_hint(next, ptr, Piece{size, piece.range, piece.dropped_on, {}});
+    it->second.needs.swap(needs);
+  } else {
+    prev->second.size += size;
+    prev->second.needs.swap(needs);
+  }
+  if (with_next) free_.erase(next);
 }
 
 Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& error) noexcept {
@@ -266,6 +285,7 @@ void CaptureBinding::end_capture() noexcept {
       piece.dropped_on = nullptr;
       insert_piece(ptr, std::move(piece));
     } catch (const std::bad_alloc&) {
+      lost_ = true;  // its needs are gone with it: its range never goes back
     }
   }
 }

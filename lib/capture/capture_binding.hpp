@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -75,6 +76,9 @@ class CaptureBinding {
 
   std::atomic<bool> sealed{false};
 
+  // Keeps `owner` alive as long as the binding (a CapturePool whose graph this capture replays).
+  void keep_alive(std::shared_ptr<void> owner);
+
  private:
   ~CaptureBinding();
 
@@ -95,6 +99,7 @@ class CaptureBinding {
   std::vector<Block*> ranges_;
   std::map<std::byte*, Piece> free_;
   std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
+  std::vector<std::shared_ptr<void>> kept_;  // [mutex_]
   bool lost_ = false;  // a piece's uses could not be kept: the ranges never go back [mutex_]
   // A need nothing covers: for a block whose uses could not be listed.
   static Need never() noexcept { return {&never_timeline_, 0}; }

@@ -30,6 +30,8 @@ class CaptureGate final : public Gate {
   bool bind_stream(const void* key, CaptureBinding* binding);
   void bind_capture(CaptureId id, CaptureBinding* binding);
   void unbind(const void* key, CaptureId id) noexcept;
+  // The binding of a capture under way (referenced: the caller unrefs), or null.
+  CaptureBinding* binding_of(CaptureId id) noexcept { return by_id(id); }
 
   Block* allocate(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                   Failure& error) noexcept override;

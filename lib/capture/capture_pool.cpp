@@ -485,6 +485,29 @@ void CapturedGraph::destroy() noexcept {
 void CapturedGraph::launch(cudaStream_t stream) {
   if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::launch: no graph");
   safe_point();
+  // Launched into a capture, the graph's work (and its memory) becomes part of the graph being
+  // captured, which CUDA does not make hold this graph's user objects: the CapturePool bound to
+  // that capture keeps this graph's pool alive instead.
+  if (pool_ != nullptr) {
+    CaptureStatus status = CaptureStatus::none;
+    CaptureId id = 0;
+    throw_on_cuda_error(device_->capture_info(stream, &status, &id),
+                        "CapturedGraph::launch: cudaStreamGetCaptureInfo");
+    if (status == CaptureStatus::active) {
+      detail::CaptureBinding* outer =
+          detail::CaptureGate::of(pool_->binding().core()).binding_of(id);
+      if (outer == nullptr) {
+        throw Error(Errc::capture_without_pool,
+                    "CapturedGraph::launch: into a capture no CapturePool of its MemoryPool is "
+                    "bound to; nothing would keep its memory for the graph being captured");
+      }
+      const struct Unref {
+        detail::CaptureBinding* binding;
+        ~Unref() { binding->unref(); }
+      } referenced{outer};
+      if (outer != &pool_->binding()) outer->keep_alive(pool_);
+    }
+  }
   throw_on_cuda_error(device_->graph_launch(exec_, stream),
                       "CapturedGraph::launch: cudaGraphLaunch");
   ++replays_;
@@ -492,6 +515,7 @@ void CapturedGraph::launch(cudaStream_t stream) {
 
 void CapturedGraph::upload(cudaStream_t stream) {
   if (exec_ == nullptr) throw Error(Errc::invalid_value, "CapturedGraph::upload: no graph");
+  safe_point();
   throw_on_cuda_error(device_->graph_upload(exec_, stream),
                       "CapturedGraph::upload: cudaGraphUpload");
 }
