@@ -32,9 +32,12 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // Armed with a size, the next operator new of that many bytes on this thread throws
 // std::bad_alloc; armed with a count n, the n-th operator new from now on this thread, outside a
-// device call (in_device), throws; unarmed (0), operator new is malloc's.
+// device call (in_device), throws, and with fail_onward every one after it too (memory has run
+// out); unarmed (0), operator new is malloc's.
 thread_local std::size_t fail_next_of = 0;
 thread_local long fail_countdown = 0;
+thread_local bool fail_onward = false;
+thread_local long failures = 0;  // allocations the countdown failed
 thread_local int in_device = 0;
 
 std::int64_t reserved(MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
@@ -51,7 +54,11 @@ void safe_point(const std::shared_ptr<FakeDevice>& device) { MemoryPool next(dev
     fail_next_of = 0;
     throw std::bad_alloc();
   }
-  if (in_device == 0 && fail_countdown > 0 && --fail_countdown == 0) throw std::bad_alloc();
+  if (in_device == 0 && fail_countdown > 0 && --fail_countdown == 0) {
+    if (fail_onward) fail_countdown = 1;  // the next one fails too
+    ++failures;
+    throw std::bad_alloc();
+  }
   if (void* p = std::malloc(bytes != 0 ? bytes : 1)) return p;
   throw std::bad_alloc();
 }
@@ -421,6 +428,60 @@ TEST_CASE("a private piece whose drop finds no host memory is not reused before 
       z.reset();
     }
     if (!reached) break;
+  }
+  CHECK(n > 1);
+}
+
+// Found in review (2026-12-05): a shared block adopted by a capture whose uses could not be
+// listed (no host memory for their needs) was marked "never covered" only after it was filed;
+// where the mark found no host memory either, the block went back to the pool with no need when
+// the CapturePool went, while another stream's write to it was pending. Memory runs out from the
+// n-th host allocation of the drop on; earlier adoptions leave the list of adopted blocks room.
+TEST_CASE("a block adopted by a capture when host memory has run out is not reused before its "
+          "other stream's work") {
+  long n = 1;
+  for (; n < 100; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    failures = 0;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t s = fake->create_stream("captured");
+      cudaStream_t y = fake->create_stream("other");
+      cudaStream_t z = fake->create_stream("later");
+      std::vector<Bytes> earlier;
+      for (int i = 0; i < 3; ++i) earlier.push_back(Bytes::alloc_async(pool, 4 * KiB, s));
+      std::optional<Bytes> b(Bytes::alloc_async(pool, 4 * KiB, s));
+      b->record_stream(y);
+      {
+        DeviceWithMemory::Inside inside;
+        fake->launch(y, {{b->data(), b->byte_size(), true}}, {}, "pending write on y");
+      }
+      std::byte* const b_ptr = static_cast<std::byte*>(b->data());
+      {
+        auto capture_pool = std::make_shared<streampool::CapturePool>(pool);
+        capture_pool->reserve(64 * KiB);
+        streampool::begin_capture_with_pool(capture_pool, s);
+        earlier.clear();  // three adoptions: the list has room for a fourth
+        fail_countdown = n;
+        fail_onward = true;
+        b.reset();  // adopted: used on s before the capture, and on y
+        fail_onward = false;
+        fail_countdown = 0;
+        streampool::end_capture_with_pool(s, capture_pool);  // the graph goes at once
+      }
+      streampool::complete_graph_releases();  // the CapturePool goes: its adopted blocks too
+      for (int i = 0; i < 8; ++i) {
+        auto later = Bytes::alloc_async(pool, 4 * KiB, z);
+        DeviceWithMemory::Inside inside;
+        fake->launch(z, {{later.data(), later.byte_size(), true}}, {}, "write on z");
+        if (static_cast<std::byte*>(later.data()) == b_ptr) break;
+      }
+      INFO(first_hazard(*fake));
+      CHECK(fake->hazards().empty());
+      fake->complete_all();
+    }
+    if (failures == 0) break;  // the drop made fewer than n allocations
   }
   CHECK(n > 1);
 }

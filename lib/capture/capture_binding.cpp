@@ -225,10 +225,12 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
                           (captured + 1 == uses.size() ||
                            core_.fence_uses(uses.subspan(captured + 1), needs));
   try {
-    if (listed && now.before.timeline != nullptr) needs.push_back(now.before);
+    // Its needs complete before it is filed: filed without never(), a block whose uses could not
+    // be listed would go back with the needs of some of them only.
+    if (!listed) needs.push_back(never());
+    else if (now.before.timeline != nullptr) needs.push_back(now.before);
     std::lock_guard<std::mutex> lock(mutex_);
     adopted_.emplace_back(b, std::move(needs));
-    if (!listed) adopted_.back().second.push_back(never());
   } catch (const std::bad_alloc&) {
     // Cannot hold it: leaking the block is the only safe choice (the graph may use it).
   }
