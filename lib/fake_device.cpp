@@ -1242,6 +1242,11 @@ std::size_t FakeDevice::live_reservations() const {
   return state_->reservations.size();
 }
 
+std::size_t FakeDevice::live_graphs() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->graphs.size() + state_->execs.size();
+}
+
 void FakeDevice::fail_next(Call call, int count) { fail_next(call, count, default_error(call)); }
 
 void FakeDevice::fail_next(Call call, int count, cudaError_t error) {

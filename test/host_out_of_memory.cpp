@@ -485,3 +485,39 @@ TEST_CASE("a block adopted by a capture when host memory has run out is not reus
   }
   CHECK(n > 1);
 }
+
+// Found in review (2026-12-05): end_capture_with_pool made the graph's reference to its
+// CapturePool after the capture ended; where that found no host memory, the ended graph was never
+// destroyed. Each host allocation of the end fails in turn.
+TEST_CASE("an end of a capture that finds no host memory leaves no graph behind") {
+  long n = 1;
+  for (; n < 100; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    failures = 0;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t s = fake->create_stream("captured");
+      auto capture_pool = std::make_shared<streampool::CapturePool>(pool);
+      capture_pool->reserve(64 * KiB);
+      streampool::begin_capture_with_pool(capture_pool, s);
+      { auto x = Bytes::alloc_async(pool, 4 * KiB, s); }
+      std::optional<streampool::CapturedGraph> graph;
+      fail_countdown = n;
+      try {
+        graph.emplace(streampool::end_capture_with_pool(s, capture_pool));
+      } catch (const std::bad_alloc&) {
+      }
+      fail_countdown = 0;
+      graph.reset();
+      capture_pool.reset();
+      streampool::complete_graph_releases();
+      CHECK(fake->live_graphs() == 0);
+      streampool::CaptureStatus status = streampool::CaptureStatus::active;
+      CHECK(fake->capture_info(s, &status, nullptr) == cudaSuccess);
+      CHECK(status == streampool::CaptureStatus::none);
+    }
+    if (failures == 0) break;  // the end made fewer than n allocations: each failed once
+  }
+  CHECK(n > 1);
+}

@@ -182,6 +182,8 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // Virtual memory: handles created and not yet released, and reservations not yet freed.
   std::size_t live_vm_handles() const;
   std::size_t live_reservations() const;
+  // Graphs and executable graphs made and not yet destroyed.
+  std::size_t live_graphs() const;
 
   // The next `count` calls of `call` fail with `error` (by default, the error CUDA gives for
   // that call when it runs out of resources: cudaErrorMemoryAllocation for malloc, creation and

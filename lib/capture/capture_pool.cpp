@@ -423,7 +423,13 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   if (ended != cudaSuccess) throw Error(ended, "end_capture_with_pool: cudaStreamEndCapture");
 
   // The graph keeps the pool alive by itself, through a user object it retains.
-  auto* ref = new std::shared_ptr<CapturePool>(pool);
+  std::shared_ptr<CapturePool>* ref = nullptr;
+  try {
+    ref = new std::shared_ptr<CapturePool>(pool);
+  } catch (const std::bad_alloc&) {
+    destroy_graph(core, graph);
+    throw;
+  }
   cudaUserObject_t object = nullptr;
   cudaError_t status = device.user_object_create(&object, ref, release_from_graph);
   if (status != cudaSuccess) {
