@@ -543,3 +543,120 @@ TEST_CASE("a CapturedGraph launched into a capture with no CapturePool of its Me
   CHECK(graph.replay_count() == 0);
   fake.graph_destroy(ended);
 }
+
+// The pools a capture's CapturePool keeps for the graphs launched into it go when it goes, at the
+// latest when their MemoryPool goes: a release that queues another (the outer CapturePool lets go
+// of the inner one) is completed in the same round.
+TEST_CASE("a CapturePool kept for a graph launched into another capture goes with its MemoryPool") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  {
+    auto inner_pool = std::make_shared<CapturePool>(*pool);
+    inner_pool->reserve(MiB);
+    streampool::begin_capture_with_pool(inner_pool, s);
+    { auto x = Bytes::alloc_async(*pool, 4 * KiB, s); }
+    CapturedGraph inner = streampool::end_capture_with_pool(s, inner_pool);
+    auto outer_pool = std::make_shared<CapturePool>(*pool);
+    outer_pool->reserve(MiB);
+    streampool::begin_capture_with_pool(outer_pool, t);
+    inner.launch(t);
+    CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
+    outer.launch(t);
+  }  // every handle gone: the outer graph's release is queued, and it keeps the inner pool
+  fake.complete_all();
+  fake.destroy_stream(s);
+  fake.destroy_stream(t);
+  pool.pool.reset();  // completes its CapturePools' releases: both of them
+  CHECK(fake.live_bytes() == 0);
+  CHECK(fake.live_graphs() == 0);
+}
+
+// Found in review (2026-12-06): the binding that keeps a launched graph's CapturePool dropped it in
+// its own destructor, wherever its last reference went - here the drop of a private piece that
+// outlived its CapturePool, made while another capture (global mode) is under way. The kept pool's
+// registered owner was destroyed there, and its cudaFree, which a global capture forbids, was
+// refused and invalidated that capture. A release is completed at a safe point, never while a
+// capture is under way (capture_pool.hpp).
+TEST_CASE("a CapturePool kept by another capture's binding is released at a safe point, not "
+          "during a capture") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  cudaStream_t u = fake.create_stream();
+  // A user's own owner of device memory, which frees it when it goes.
+  struct OwnMemory {
+    FakeDevice* fake;
+    void* ptr;
+    std::vector<cudaError_t>* freed;
+    OwnMemory(FakeDevice* f, void* p, std::vector<cudaError_t>* l) : fake(f), ptr(p), freed(l) {}
+    OwnMemory(OwnMemory&& o) noexcept
+        : fake(o.fake), ptr(std::exchange(o.ptr, nullptr)), freed(o.freed) {}
+    ~OwnMemory() {
+      if (ptr != nullptr) freed->push_back(fake->free(ptr));
+    }
+  };
+  std::vector<cudaError_t> freed;
+  CompleteReleasesAtExit at_exit;
+
+  std::optional<CapturedGraph> inner;
+  {
+    auto inner_pool = std::make_shared<CapturePool>(*pool);
+    inner_pool->reserve(MiB);
+    void* own = nullptr;
+    REQUIRE(fake.malloc(&own, 4 * KiB) == cudaSuccess);
+    inner_pool->record_buffer(OwnMemory(&fake, own, &freed));
+    inner.emplace(capture_one(pool, inner_pool, s));
+  }
+  std::optional<Bytes> outlives;  // private memory of the outer pool, kept past its graph
+  {
+    auto outer_pool = std::make_shared<CapturePool>(*pool);
+    outer_pool->reserve(MiB);
+    streampool::begin_capture_with_pool(outer_pool, t);
+    inner->launch(t);  // the outer pool's binding keeps the inner pool
+    outlives.emplace(Bytes::alloc_async(*pool, 4 * KiB, t));
+    CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
+  }
+  inner.reset();
+  streampool::complete_graph_releases();  // both CapturePools go; the outer binding stays
+  REQUIRE(freed.empty());                 // the inner pool is kept by the outer binding
+
+  auto third = std::make_shared<CapturePool>(*pool);
+  third->reserve(MiB);
+  streampool::begin_capture_with_pool(third, u, streampool::CaptureMode::global);
+  outlives.reset();  // the outer binding's last reference, during the third capture
+  CHECK(freed.empty());  // not released during the capture
+  pool.fake().launch(u);
+  std::optional<CapturedGraph> graph;
+  CHECK_NOTHROW(graph.emplace(streampool::end_capture_with_pool(u, third)));
+  streampool::complete_graph_releases();
+  CHECK(freed == std::vector<cudaError_t>{cudaSuccess});  // at the next safe point
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+}
+
+// Found in review (2026-12-06): each launch into a capture added one more reference to the launched
+// graph's pool to the capture's binding, for the binding's whole life: a CapturePool that captures
+// again and again (one per step of a loop), each time replaying the same graph, grew without bound.
+TEST_CASE("a graph launched into many captures of one CapturePool is kept once") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  CompleteReleasesAtExit at_exit;
+  auto inner_pool = std::make_shared<CapturePool>(*pool);
+  inner_pool->reserve(MiB);
+  CapturedGraph inner = capture_one(pool, inner_pool, s);
+  const long before = inner_pool.use_count();
+  auto outer_pool = std::make_shared<CapturePool>(*pool);
+  for (int step = 0; step < 100; ++step) {
+    streampool::begin_capture_with_pool(outer_pool, t);
+    inner.launch(t);
+    streampool::end_capture_with_pool(t, outer_pool);  // the step's graph goes at once
+    streampool::complete_graph_releases();
+  }
+  CHECK(inner_pool.use_count() == before + 1);
+}

@@ -521,3 +521,57 @@ TEST_CASE("an end of a capture that finds no host memory leaves no graph behind"
   }
   CHECK(n > 1);
 }
+
+
+// Found in review (2026-12-06), the pattern of the fix above where it was not applied: stop_trace
+// is noexcept and returns the recording's status by value, a copy of its path and message made
+// inside the noexcept call; and close_file, noexcept too, builds the message of a failed close with
+// no try. Where that host memory runs out, the process ends (std::terminate). Here the n-th host
+// allocation of stop_trace fails, for n = 1, 2, ...
+TEST_CASE("a stop of a recording that finds no host memory ends no process") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("streampool_host_memory_stop_with_a_long_name." + std::to_string(::getpid()) + ".csv"))
+          .string();
+  for (long n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    streampool::start_trace(pool, path);
+    { auto x = Bytes::alloc_async(pool, 4 * KiB, fake->create_stream()); }
+    fail_countdown = n;
+    const streampool::TraceStatus status = streampool::stop_trace(pool);
+    fail_countdown = 0;
+    CHECK(!streampool::trace_status(pool).recording);
+    (void)status;
+  }
+  std::remove(path.c_str());
+}
+
+// The same in close_file: a close that fails (its descriptor closed behind the recorder's back:
+// EBADF) builds its message with no host memory.
+TEST_CASE("a recording whose close fails with no host memory for the message ends no process") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("streampool_host_memory_close." + std::to_string(::getpid()) + ".csv"))
+          .string();
+  auto fake = std::make_shared<FakeDevice>();
+  MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+  streampool::start_trace(pool, path);
+  streampool::flush_trace(pool);
+  int closed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const auto target = std::filesystem::read_symlink(entry.path(), error);
+    if (!error && target == std::filesystem::path(path)) {
+      ::close(std::stoi(entry.path().filename().string()));
+      ++closed;
+    }
+  }
+  REQUIRE(closed == 1);
+  fail_countdown = 1;  // the close's message
+  (void)streampool::stop_trace(pool);
+  fail_countdown = 0;
+  CHECK(!streampool::trace_status(pool).recording);
+  std::remove(path.c_str());
+}

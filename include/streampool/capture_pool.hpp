@@ -153,7 +153,8 @@ class STREAMPOOL_API CapturedGraph {
   // being captured), the capture must be bound to a CapturePool of the same MemoryPool
   // (begin_capture_with_pool or attach_capture_with_pool): that CapturePool keeps this graph's
   // pool alive for as long as it lives itself. Otherwise throws Error(capture_without_pool) and
-  // launches nothing. (Two pools each launched into the other's capture keep each other.)
+  // launches nothing. (Two pools each launched into the other's capture keep each other, and
+  // their MemoryPool's memory, for good: don't.)
   void launch(cudaStream_t stream);
   // Prepares the graph for launch on `stream` ahead of time. Throws Error as launch does
   // (naming cudaGraphUpload).

@@ -1,4 +1,5 @@
 #include "capture_binding.hpp"
+#include "capture_gate.hpp"
 
 #include <streampool/error.hpp>
 
@@ -13,7 +14,9 @@ constexpr std::size_t growth = std::size_t{2} << 20;  // growth step during a ca
 CaptureBinding::CaptureBinding(PoolCore& core) noexcept : core_(core) { core_.keep(); }
 
 CaptureBinding::~CaptureBinding() {
-  kept_.clear();  // graphs launched into this pool's captures: their pools may go now
+  // The pools of graphs launched into its captures go at the next safe point. Not here: the last
+  // reference may go in a buffer's drop, or during another capture.
+  for (std::shared_ptr<CapturePool>* kept : kept_) queue_release(kept);
   // Nothing can use the memory any more but the work that used it last: every graph made with it
   // is gone and its launches complete (CUDA releases a graph's user objects after them).
   for (auto& [block, needs] : adopted_) {
@@ -36,9 +39,14 @@ CaptureBinding::~CaptureBinding() {
   core_.let_go();  // last: it may destroy the core
 }
 
-void CaptureBinding::keep_alive(std::shared_ptr<void> owner) {
+void CaptureBinding::keep_alive(const std::shared_ptr<CapturePool>& pool) {
   std::lock_guard<std::mutex> lock(mutex_);
-  kept_.push_back(std::move(owner));
+  for (const std::shared_ptr<CapturePool>* kept : kept_) {
+    if (kept->get() == pool.get()) return;  // once: a capture a step would grow the list for good
+  }
+  auto reference = std::make_unique<std::shared_ptr<CapturePool>>(pool);
+  kept_.push_back(reference.get());
+  reference.release();  // the binding's now
 }
 
 void CaptureBinding::unref() noexcept {

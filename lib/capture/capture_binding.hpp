@@ -23,6 +23,10 @@
 #include <thread>
 #include <vector>
 
+namespace streampool {
+class CapturePool;
+}
+
 namespace streampool::detail {
 
 class CaptureBinding {
@@ -76,8 +80,11 @@ class CaptureBinding {
 
   std::atomic<bool> sealed{false};
 
-  // Keeps `owner` alive as long as the binding (a CapturePool whose graph this capture replays).
-  void keep_alive(std::shared_ptr<void> owner);
+  // Keeps a CapturePool whose graph a capture of this binding launched, once, as long as the
+  // binding. When the binding goes, its references are queued to be dropped at the next safe
+  // point (queue_release): dropping a CapturePool may run its owners' destructors and make device
+  // calls, and the binding may go inside a buffer's drop, or during another capture.
+  void keep_alive(const std::shared_ptr<CapturePool>& pool);
 
  private:
   ~CaptureBinding();
@@ -99,7 +106,7 @@ class CaptureBinding {
   std::vector<Block*> ranges_;
   std::map<std::byte*, Piece> free_;
   std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
-  std::vector<std::shared_ptr<void>> kept_;  // [mutex_]
+  std::vector<std::shared_ptr<CapturePool>*> kept_;  // keep_alive's, each its own [mutex_]
   bool lost_ = false;  // a piece's uses could not be kept: the ranges never go back [mutex_]
   // A need nothing covers: for a block whose uses could not be listed.
   static Need never() noexcept { return {&never_timeline_, 0}; }

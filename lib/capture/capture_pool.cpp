@@ -7,6 +7,7 @@
 #include <streampool/error.hpp>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -130,42 +131,48 @@ void safe_point() noexcept {
 
 namespace detail {
 
+void queue_release(void* reference) noexcept { release_from_graph(reference); }
+
 void complete_graph_releases_of(const PoolCore* core) noexcept {
   Deferred& d = deferred();
-  if (!d.pending.load(std::memory_order_acquire)) return;
-  // A release drops buffers and runs the owners' destructors given to record_buffer, which may
-  // make any call: none while a capture of ours is under way.
-  if (!calls_allowed(Restricted::free)) return;
-  // First the handles CUDA refused to destroy: destroying one may release a graph's user object,
-  // whose reference is queued then (no lock held: the release takes the mutex).
-  std::vector<Undestroyed> undestroyed;
-  {
-    std::lock_guard<std::mutex> lock(d.mutex);
-    undestroyed.swap(d.undestroyed);
-  }
-  for (const Undestroyed& u : undestroyed) {
-    destroy_or_defer(u);  // queued again, with a reference of its own, if refused again
-    u.core->let_go();
-  }
-  std::vector<std::shared_ptr<CapturePool>*> queue;
-  {
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (core == nullptr) {
-      queue.swap(d.queue);
-    } else {
-      std::erase_if(d.queue, [&](std::shared_ptr<CapturePool>* ref) {
-        if (&(*ref)->binding().core() != core) return false;
-        try {
-          queue.push_back(ref);
-          return true;
-        } catch (const std::bad_alloc&) {
-          return false;
-        }
-      });
+  // A release may queue others (a CapturePool's binding lets go of the pools it kept): until a
+  // round finds none of them.
+  while (d.pending.load(std::memory_order_acquire)) {
+    // A release drops buffers and runs the owners' destructors given to record_buffer, which may
+    // make any call: none while a capture of ours is under way.
+    if (!calls_allowed(Restricted::free)) return;
+    // First the handles CUDA refused to destroy: destroying one may release a graph's user
+    // object, whose reference is queued then (no lock held: the release takes the mutex).
+    std::vector<Undestroyed> undestroyed;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      undestroyed.swap(d.undestroyed);
     }
-    d.pending.store(!d.queue.empty() || !d.undestroyed.empty(), std::memory_order_release);
+    for (const Undestroyed& u : undestroyed) {
+      destroy_or_defer(u);  // queued again, with a reference of its own, if refused again
+      u.core->let_go();
+    }
+    std::vector<std::shared_ptr<CapturePool>*> queue;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      if (core == nullptr) {
+        queue.swap(d.queue);
+      } else {
+        std::erase_if(d.queue, [&](std::shared_ptr<CapturePool>* ref) {
+          if (&(*ref)->binding().core() != core) return false;
+          try {
+            queue.push_back(ref);
+            return true;
+          } catch (const std::bad_alloc&) {
+            return false;
+          }
+        });
+      }
+      d.pending.store(!d.queue.empty() || !d.undestroyed.empty(), std::memory_order_release);
+    }
+    if (queue.empty()) return;  // handles refused again wait for a later safe point
+    for (auto* ref : queue) delete ref;
   }
-  for (auto* ref : queue) delete ref;
 }
 
 }  // namespace detail

@@ -162,7 +162,21 @@ void TraceRecorder::start(const std::string& path) {
 TraceStatus TraceRecorder::stop() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   close_file();
-  return status_;
+  // A copy of the strings needs host memory, which a noexcept call cannot fail for: without it,
+  // the counts alone.
+  TraceStatus out;
+  out.recording = status_.recording;
+  out.allocations = status_.allocations;
+  out.frees = status_.frees;
+  out.unseen_frees = status_.unseen_frees;
+  out.streams = status_.streams;
+  out.threads = status_.threads;
+  try {
+    out.path = status_.path;
+    out.error_message = status_.error_message;
+  } catch (const std::bad_alloc&) {
+  }
+  return out;
 }
 
 void TraceRecorder::flush() noexcept {
@@ -341,10 +355,14 @@ void TraceRecorder::close_file() noexcept {
   errno = 0;
   if (std::fclose(file) != 0 && status_.error_message.empty()) {
     const int why = errno;
-    status_.error_message =
-        fmt::format("trace_file '{}': closing it failed: {}", status_.path,
-                    why != 0 ? std::strerror(why) : "unknown reason");
-    std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
+    const char* reason = why != 0 ? std::strerror(why) : "unknown reason";
+    try {
+      status_.error_message =
+          fmt::format("trace_file '{}': closing it failed: {}", status_.path, reason);
+      std::fprintf(stderr, "streampool: %s\n", status_.error_message.c_str());
+    } catch (...) {
+      std::fprintf(stderr, "streampool: trace_file: closing it failed: %s\n", reason);
+    }
   }
   release_path(held_as_);
 }
