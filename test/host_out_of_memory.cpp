@@ -575,3 +575,35 @@ TEST_CASE("a recording whose close fails with no host memory for the message end
   CHECK(!streampool::trace_status(pool).recording);
   std::remove(path.c_str());
 }
+
+// Found in review (2026-12-06): retiring a stream moved its free blocks into a vector; where that
+// found no host memory, the blocks stayed on the retired state's lists, counted as none, reachable
+// by no stream (and no trim) until the state was recycled. Each host allocation of a
+// release_stream fails in turn; then every block must still reach the device at a trim.
+TEST_CASE("a stream released when host memory runs out leaves no block out of reach") {
+  long n = 1;
+  for (; n < 100; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    failures = 0;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t b = fake->create_stream();
+      {
+        std::vector<Bytes> buffers;
+        for (int i = 0; i < 3; ++i) buffers.push_back(Bytes::alloc_async(pool, 4 * KiB, b));
+      }  // three free blocks on b's lists
+      fail_countdown = n;
+      try {
+        pool.release_stream(b);
+      } catch (const std::bad_alloc&) {
+      }
+      fail_countdown = 0;
+      fake->complete_all();
+      pool.trim(0);
+      CHECK(fake->live_bytes() == 0);
+    }
+    if (failures == 0) break;  // the release made fewer than n allocations: each failed once
+  }
+  CHECK(n > 1);
+}

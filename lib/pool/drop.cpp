@@ -189,12 +189,14 @@ void PoolCore::settle(Block* b, const std::vector<Need>& needs) noexcept {
       if (!covered(need)) pending.push_back(need);
     }
   } catch (const std::bad_alloc&) {
-    return;  // lost to reuse rather than risk handing it out early
+    strand(b);  // until a device synchronize, rather than risk handing it out early
+    return;
   }
   if (pending.empty()) {
     try {
       make_clean({b});
     } catch (const std::bad_alloc&) {
+      strand(b);
     }
     return;
   }
@@ -244,6 +246,8 @@ void PoolCore::drain_parked_front() noexcept {
 }
 
 void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
+  // A parked need names a stream's (or the device's) timeline: a clean one names none.
+  std::erase_if(needs, [](const Need& need) { return covered(need); });
   if (!b->large) b->free = true;  // a large range is free once the arena has indexed it
   b->need = {};
   try {
@@ -251,8 +255,16 @@ void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
     parked_.push_back({b, std::move(needs)});
     if (b->large) count_parked_large(+1);
   } catch (const std::bad_alloc&) {
-    // Cannot even remember the block: give it up rather than risk a race.
+    strand(b);
   }
+}
+
+void PoolCore::strand(Block* b) noexcept {
+  if (!b->large) b->free = true;
+  b->need = {};
+  note_stranded(b->size);
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  stranded_blocks_.push_back(b);
 }
 
 void PoolCore::record_stream(Block* b, cudaStream_t stream) {

@@ -115,8 +115,12 @@ class PoolCore {
   Block* take_range(std::size_t bytes, Failure& error) noexcept;
   // Back to the arena, free once every need is covered.
   void return_range(Block* range, std::vector<Need> needs) noexcept;
-  // Parks a block that came back, with the needs of its uses.
+  // Parks a block that came back, with the needs of its uses (those covered already dropped).
+  // Where that finds no host memory, the block is stranded instead.
   void park(Block* block, std::vector<Need> needs) noexcept;
+  // A block whose needs cannot be remembered (no host memory): it waits, on a list that needs
+  // none, for a device synchronize begun after it was listed, which covers every need it had.
+  void strand(Block* block) noexcept;
   // Appends the needs of these uses, each fenced now where it can be (see drop.cpp). False when
   // there was no memory to list them: the block must then never be reused.
   bool fence_uses(UseSpan uses, std::vector<Need>& needs) noexcept;
@@ -423,6 +427,7 @@ class PoolCore {
 
   std::mutex parked_mutex_;
   std::deque<Parked> parked_;  // in the order the blocks parked
+  BlockList stranded_blocks_;  // strand()'s [parked_mutex_]
   // How many of them are large ranges: written under parked_mutex_, read without it as a hint.
   std::atomic<std::size_t> parked_large_{0};
 

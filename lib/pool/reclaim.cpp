@@ -26,7 +26,8 @@ void PoolCore::make_clean(const std::vector<Block*>& blocks) noexcept {
   try {
     for (Block* b : blocks) (b->large ? large : small).push_back(b);
   } catch (const std::bad_alloc&) {
-    return;  // lost to reuse, never handed out early
+    for (Block* b : blocks) strand(b);  // none is in a tier yet: all back at a synchronize
+    return;
   }
   if (!small.empty()) small_.put_clean(small);
   if (!large.empty()) large_.put_clean(large);
@@ -100,7 +101,6 @@ void PoolCore::drain_parked_of(std::size_t rounded) noexcept {
 }
 
 void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwaited) noexcept {
-  std::vector<Block*> blocks;
   std::vector<Need> needs;
   s.lock.lock();
   // The last fence: everything dropped on s so far is covered by it. A stream whose handle went
@@ -135,12 +135,10 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
   s.unfenced_bytes = 0;
   s.unfenced_since_ns = 0;
   publish(s.counters, /*exact=*/true);
-  try {
-    blocks.reserve(s.free_blocks.load(std::memory_order_relaxed));
-    for (std::size_t c = 0; c < classes_.count(); ++c) {
-      while (Block* b = s.free[c].pop_front()) blocks.push_back(b);
-    }
-  } catch (const std::bad_alloc&) {
+  // Off its lists into one of its own: a list needs no host memory, which may have run out.
+  BlockList blocks;
+  for (std::size_t c = 0; c < classes_.count(); ++c) {
+    while (Block* b = s.free[c].pop_front()) blocks.push_back(b);
   }
   s.set_free_blocks(0);
   // Shelved ranges go to the arena with their needs, as if they had been dropped there: owned by
@@ -151,7 +149,7 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
   s.lock.unlock();
   for (Block* range : shelved) to_arena(s, generation, range);
   std::vector<Block*> clean;
-  for (Block* b : blocks) {
+  while (Block* b = blocks.pop_front()) {
     if (covered(b->need)) {
       try {
         clean.push_back(b);
@@ -160,9 +158,9 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
       }
     }
     try {
-      park(b, {b->need});
+      park(b, {b->need});  // covered, it is clean at the next drain
     } catch (const std::bad_alloc&) {
-      // lost to reuse, never handed out early
+      strand(b);
     }
   }
   make_clean(clean);
@@ -183,6 +181,11 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
   // stays counted.
   const std::size_t stranded = stranded_bytes_.load(std::memory_order_relaxed);
   const std::size_t lost = lost_streams_.load(std::memory_order_relaxed);
+  BlockList strays;  // stranded blocks (strand): the synchronize covers every need they had
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    strays = std::exchange(stranded_blocks_, BlockList{});
+  }
   const std::uint64_t sync = device_timeline_.recorded.load(std::memory_order_relaxed);
   device_timeline_.recorded.store(sync + 1, std::memory_order_release);
   {
@@ -211,6 +214,10 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
                                     max_retry_wait_ns);
     retry_at_ns_.store(now_ns() + wait, std::memory_order_relaxed);
     synchronize_failed_.store(true, std::memory_order_release);  // after retry_at_ns_
+    {
+      std::lock_guard<std::mutex> lock(parked_mutex_);
+      while (Block* b = strays.pop_front()) stranded_blocks_.push_back(b);
+    }
     return false;
   }
   failed_syncs_.store(0, std::memory_order_relaxed);
@@ -227,6 +234,13 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
   // arena, where every stream (and the slab and segment returns below and in trim) sees it.
   unshelve_all();
   std::vector<Block*> clean;
+  while (Block* b = strays.pop_front()) {
+    try {
+      clean.push_back(b);
+    } catch (const std::bad_alloc&) {
+      strand(b);  // for the next synchronize
+    }
+  }
   {
     BiasedLock::Sweep sweep;
     registry_.mark_every(sweep);

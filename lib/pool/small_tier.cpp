@@ -225,6 +225,7 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, Failure& error
         try {
           pool_.park(&raw->blocks[i], {guard});
         } catch (const std::bad_alloc&) {
+          pool_.strand(&raw->blocks[i]);
         }
       }
     }
