@@ -51,6 +51,25 @@ CapturedGraph capture_one(PoolOnFake& pool, const std::shared_ptr<CapturePool>& 
   return streampool::end_capture_with_pool(stream, capture);
 }
 
+// Captures a write into 4 KiB of the CapturePool's private memory on `stream`.
+CapturedGraph capture_write(PoolOnFake& pool, const std::shared_ptr<CapturePool>& capture,
+                            cudaStream_t stream) {
+  streampool::begin_capture_with_pool(capture, stream);
+  {
+    auto x = Bytes::alloc_async(*pool, 4 * KiB, stream);
+    pool.fake().launch(stream, {{x.data(), x.byte_size(), true}});
+  }
+  return streampool::end_capture_with_pool(stream, capture);
+}
+
+// Captures a launch of `inner` on `stream` with `outer`: the outer graph replays inner's work.
+CapturedGraph capture_launch(CapturedGraph& inner, const std::shared_ptr<CapturePool>& outer,
+                             cudaStream_t stream) {
+  streampool::begin_capture_with_pool(outer, stream);
+  inner.launch(stream);
+  return streampool::end_capture_with_pool(stream, outer);
+}
+
 // An owner given to record_buffer: notes how many device synchronizes the fake had seen when it
 // was destroyed.
 struct SyncProbe {
@@ -491,18 +510,11 @@ TEST_CASE("a CapturedGraph launched into another capture keeps its pool for the 
 
   auto inner_pool = std::make_shared<CapturePool>(*pool);
   inner_pool->reserve(MiB);
-  streampool::begin_capture_with_pool(inner_pool, s);
-  {
-    auto x = Bytes::alloc_async(*pool, 4 * KiB, s);  // private memory of inner_pool
-    fake.launch(s, {{x.data(), x.byte_size(), true}});
-  }
-  CapturedGraph inner = streampool::end_capture_with_pool(s, inner_pool);
+  CapturedGraph inner = capture_write(pool, inner_pool, s);
   inner_pool.reset();
-
   auto outer_pool = std::make_shared<CapturePool>(*pool);
-  streampool::begin_capture_with_pool(outer_pool, t);
-  inner.launch(t);  // captured as a child graph: the outer graph writes inner's memory
-  CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
+  // The launch is captured as a child graph: the outer graph writes inner's memory.
+  CapturedGraph outer = capture_launch(inner, outer_pool, t);
   outer_pool.reset();
 
   inner = CapturedGraph();  // the inner graph goes; the outer one still replays its work
@@ -555,14 +567,10 @@ TEST_CASE("a CapturePool kept for a graph launched into another capture goes wit
   {
     auto inner_pool = std::make_shared<CapturePool>(*pool);
     inner_pool->reserve(MiB);
-    streampool::begin_capture_with_pool(inner_pool, s);
-    { auto x = Bytes::alloc_async(*pool, 4 * KiB, s); }
-    CapturedGraph inner = streampool::end_capture_with_pool(s, inner_pool);
+    CapturedGraph inner = capture_write(pool, inner_pool, s);
     auto outer_pool = std::make_shared<CapturePool>(*pool);
     outer_pool->reserve(MiB);
-    streampool::begin_capture_with_pool(outer_pool, t);
-    inner.launch(t);
-    CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
+    CapturedGraph outer = capture_launch(inner, outer_pool, t);
     outer.launch(t);
   }  // every handle gone: the outer graph's release is queued, and it keeps the inner pool
   fake.complete_all();
@@ -653,9 +661,7 @@ TEST_CASE("a graph launched into many captures of one CapturePool is kept once")
   const long before = inner_pool.use_count();
   auto outer_pool = std::make_shared<CapturePool>(*pool);
   for (int step = 0; step < 100; ++step) {
-    streampool::begin_capture_with_pool(outer_pool, t);
-    inner.launch(t);
-    streampool::end_capture_with_pool(t, outer_pool);  // the step's graph goes at once
+    capture_launch(inner, outer_pool, t);  // the step's graph goes at once
     streampool::complete_graph_releases();
   }
   CHECK(inner_pool.use_count() == before + 1);
