@@ -7,6 +7,7 @@
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/reserved_limit.hpp>
+#include <streampool/stream_ops.hpp>
 #include <streampool/trace_recorder.hpp>
 
 #include <unistd.h>
@@ -606,4 +607,146 @@ TEST_CASE("a stream released when host memory runs out leaves no block out of re
     if (failures == 0) break;  // the release made fewer than n allocations: each failed once
   }
   CHECK(n > 1);
+}
+
+// Found in review (2026-12-06), each failing without its fix: a drop whose uses are on two streams,
+// each host allocation of the drop failing in turn (and, with fail_onward, every one after it):
+// every block must still reach the device at a trim (none lost to reuse for good).
+TEST_CASE("a drop with a recorded use when host memory runs out leaves no block out of reach") {
+  for (const std::size_t bytes : {4 * KiB, 4 * MiB}) {
+    for (const bool onward : {false, true}) {
+      long n = 1;
+      for (; n < 100; ++n) {
+        CAPTURE(bytes, onward, n);
+        auto fake = std::make_shared<FakeDevice>();
+        failures = 0;
+        {
+          MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+          cudaStream_t a = fake->create_stream();
+          cudaStream_t b = fake->create_stream();
+          {
+            Bytes x = Bytes::alloc_async(pool, bytes, a);
+            x.record_stream(b);
+            fail_onward = onward;
+            fail_countdown = n;
+            x.reset();
+            fail_countdown = 0;
+            fail_onward = false;
+          }
+          fake->complete_all();
+          pool.trim(0);
+          CHECK(fake->live_bytes() == 0);
+        }
+        if (failures == 0) break;
+      }
+      CHECK(n > 1);
+    }
+  }
+}
+
+// Found in review (2026-12-06): release_stream of a stream whose shelf holds ranges, each host
+// allocation failing in turn: every range must still reach the device at a trim.
+TEST_CASE("a stream with shelved ranges released when host memory runs out leaves none out of "
+          "reach") {
+  long n = 1;
+  for (; n < 100; ++n) {
+    CAPTURE(n);
+    auto fake = std::make_shared<FakeDevice>();
+    failures = 0;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t b = fake->create_stream();
+      {
+        std::vector<Bytes> buffers;
+        for (int i = 0; i < 2; ++i) buffers.push_back(Bytes::alloc_async(pool, 4 * MiB, b));
+      }  // two ranges on b's shelf
+      fail_countdown = n;
+      try {
+        pool.release_stream(b);
+      } catch (const std::bad_alloc&) {
+      }
+      fail_countdown = 0;
+      fake->complete_all();
+      pool.trim(0);
+      CHECK(fake->live_bytes() == 0);
+    }
+    if (failures == 0) break;
+  }
+  CHECK(n > 1);
+}
+
+// A block stranded while work of another stream that uses it is
+// still pending is never handed out before that work completed.
+TEST_CASE("a stranded block is not reused before the work that used it completed") {
+  for (const std::size_t bytes : {4 * KiB, 4 * MiB}) {
+    for (const bool onward : {false, true}) {
+      for (long n = 1; n < 60; ++n) {
+        CAPTURE(bytes, onward, n);
+        auto fake = std::make_shared<FakeDevice>();
+        failures = 0;
+        {
+          MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+          cudaStream_t a = fake->create_stream();
+          cudaStream_t b = fake->create_stream();
+          cudaStream_t c = fake->create_stream();
+          {
+            Bytes x = Bytes::alloc_async(pool, bytes, a);
+            x.record_stream(b);
+            fake->launch(b, {streampool::writes(x.data(), bytes)});  // pending
+            fail_onward = onward;
+            fail_countdown = n;
+            x.reset();
+            fail_countdown = 0;
+            fail_onward = false;
+          }
+          {
+            std::vector<Bytes> more;
+            for (int i = 0; i < 8; ++i) {
+              more.push_back(Bytes::alloc_async(pool, bytes, c));
+              fake->launch(c, {streampool::writes(more.back().data(), bytes)});
+            }
+          }
+          pool.trim(0);  // the stranded block comes back here (the fake completes everything)
+          {
+            Bytes y = Bytes::alloc_async(pool, bytes, c);
+            fake->launch(c, {streampool::writes(y.data(), bytes)});
+          }
+          fake->complete_all();
+          CHECK(fake->hazards().empty());
+        }
+        if (failures == 0) break;
+      }
+    }
+  }
+}
+
+// Found in review (2026-12-06): a block dropped with a lost use (a device-timeline need), whose
+// park finds no host memory, was counted stranded twice (settle, then strand): 10 MiB stranded
+// passed the 16 MiB bound, and the next slow path synchronized the device for nothing.
+TEST_CASE("a block stranded by its park is counted stranded once") {
+  for (int k = 0; k < 34; ++k) {
+    for (long n = 1; n < 40; ++n) {
+      CAPTURE(k, n);
+      auto fake = std::make_shared<FakeDevice>();
+      failures = 0;
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t a = fake->create_stream();
+      cudaStream_t b = fake->create_stream();
+      cudaStream_t c = fake->create_stream();
+      for (int i = 0; i < k; ++i) {  // parked: uses on a and c, neither fence known complete
+        Bytes y = Bytes::alloc_async(pool, 4 * KiB, a);
+        y.record_stream(c);
+      }
+      Bytes x = Bytes::alloc_async(pool, 10 * MiB, a);
+      x.record_stream(b);
+      pool.release_stream(b);  // x's use on b is lost: only a device synchronize covers it
+      fail_countdown = n;
+      x.reset();
+      fail_countdown = 0;
+      const auto before = fake->calls(Call::device_synchronize);
+      Bytes probe = Bytes::alloc_async(pool, 64 * KiB, a);  // a slow path: the stranded bound
+      CHECK(fake->calls(Call::device_synchronize) == before);
+      if (failures == 0) break;
+    }
+  }
 }

@@ -126,7 +126,10 @@ void PoolCore::place(Block* b, UseSpan uses) noexcept {
     u.lock.unlock();
   }
   std::vector<Need> needs;
-  if (!fence_uses(uses, needs)) return;  // no room to list them: lost to reuse, never early
+  if (!fence_uses(uses, needs)) {  // no room to list them: back at a device synchronize
+    strand(b);
+    return;
+  }
   settle(b, needs);
 }
 
@@ -200,10 +203,12 @@ void PoolCore::settle(Block* b, const std::vector<Need>& needs) noexcept {
     }
     return;
   }
+  std::size_t lost = 0;
   for (const Need& need : pending) {
-    if (need.timeline == &device_timeline_) note_stranded(b->size);
+    if (need.timeline == &device_timeline_) lost = b->size;  // once, however many lost uses
   }
-  park(b, std::move(pending));
+  // Counted once parked: a block park strands instead is counted by strand.
+  if (park(b, std::move(pending))) note_stranded(lost);
   drain_parked_front();
 }
 
@@ -241,11 +246,11 @@ void PoolCore::drain_parked_front() noexcept {
   try {
     make_clean(std::vector<Block*>(clean, clean + n));
   } catch (const std::bad_alloc&) {
-    // lost to reuse rather than risk handing them out early
+    for (int i = 0; i < n; ++i) strand(clean[i]);  // in no tier yet: back at a synchronize
   }
 }
 
-void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
+bool PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
   // A parked need names a stream's (or the device's) timeline: a clean one names none.
   std::erase_if(needs, [](const Need& need) { return covered(need); });
   if (!b->large) b->free = true;  // a large range is free once the arena has indexed it
@@ -256,14 +261,16 @@ void PoolCore::park(Block* b, std::vector<Need> needs) noexcept {
     if (b->large) count_parked_large(+1);
   } catch (const std::bad_alloc&) {
     strand(b);
+    return false;
   }
+  return true;
 }
 
 void PoolCore::strand(Block* b) noexcept {
   if (!b->large) b->free = true;
   b->need = {};
-  note_stranded(b->size);
   std::lock_guard<std::mutex> lock(parked_mutex_);
+  note_stranded(b->size);  // with the push: a synchronize takes both or neither
   stranded_blocks_.push_back(b);
 }
 

@@ -117,7 +117,7 @@ class PoolCore {
   void return_range(Block* range, std::vector<Need> needs) noexcept;
   // Parks a block that came back, with the needs of its uses (those covered already dropped).
   // Where that finds no host memory, the block is stranded instead.
-  void park(Block* block, std::vector<Need> needs) noexcept;
+  bool park(Block* block, std::vector<Need> needs) noexcept;  // false: stranded
   // A block whose needs cannot be remembered (no host memory): it waits, on a list that needs
   // none, for a device synchronize begun after it was listed, which covers every need it had.
   void strand(Block* block) noexcept;
@@ -367,7 +367,7 @@ class PoolCore {
   bool unshelve(StreamState& s, bool named = true) noexcept;
   bool unshelve_all(const StreamState* caller = nullptr) noexcept;
   // [s.lock] Empties s's shelf into `out`.
-  void take_shelf(StreamState& s, std::vector<Block*>& out) noexcept;
+  void take_shelf(StreamState& s, BlockList& out) noexcept;
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).
   bool count_release(StreamState& s, Block* b) noexcept {
     StreamCounters& c = s.counters;

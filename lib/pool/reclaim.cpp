@@ -143,11 +143,11 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
   s.set_free_blocks(0);
   // Shelved ranges go to the arena with their needs, as if they had been dropped there: owned by
   // s's timeline until covered, as the ranges s dropped into the arena are.
-  std::vector<Block*> shelved;
+  BlockList shelved;
   take_shelf(s, shelved);
   const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
   s.lock.unlock();
-  for (Block* range : shelved) to_arena(s, generation, range);
+  while (Block* range = shelved.pop_front()) to_arena(s, generation, range);
   std::vector<Block*> clean;
   while (Block* b = blocks.pop_front()) {
     if (covered(b->need)) {
@@ -179,11 +179,13 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
   // What was stranded before the fences is what the synchronize gets back: counted off once it
   // succeeded (a failed one leaves it for the next slow path); what other threads strand meanwhile
   // stays counted.
-  const std::size_t stranded = stranded_bytes_.load(std::memory_order_relaxed);
+  std::size_t stranded = 0;
   const std::size_t lost = lost_streams_.load(std::memory_order_relaxed);
   BlockList strays;  // stranded blocks (strand): the synchronize covers every need they had
   {
+    // With the list: strand counts and lists a block under this mutex.
     std::lock_guard<std::mutex> lock(parked_mutex_);
+    stranded = stranded_bytes_.load(std::memory_order_relaxed);
     strays = std::exchange(stranded_blocks_, BlockList{});
   }
   const std::uint64_t sync = device_timeline_.recorded.load(std::memory_order_relaxed);

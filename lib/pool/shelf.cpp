@@ -89,14 +89,8 @@ bool PoolCore::unshelve_all(const StreamState* caller) noexcept {
   return moved;
 }
 
-void PoolCore::take_shelf(StreamState& s, std::vector<Block*>& out) noexcept {
-  while (Block* range = s.shelf.pop_front()) {
-    try {
-      out.push_back(range);
-    } catch (const std::bad_alloc&) {
-      // lost to reuse, never handed out early
-    }
-  }
+void PoolCore::take_shelf(StreamState& s, BlockList& out) noexcept {
+  while (Block* range = s.shelf.pop_front()) out.push_back(range);  // needs no host memory
   s.shelved.store(0, std::memory_order_relaxed);
 }
 

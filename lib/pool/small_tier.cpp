@@ -129,7 +129,7 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
       try {
         pool_.settle(taken[i], {taken[i]->need});
       } catch (const std::bad_alloc&) {
-        // lost to reuse rather than risk handing it out early
+        pool_.strand(taken[i]);  // back at a device synchronize, never early
       }
     }
   }
