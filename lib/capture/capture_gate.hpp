@@ -57,8 +57,8 @@ class CaptureGate final : public Gate {
 // Graph releases queued by CUDA user objects (see capture_pool.cpp), completed for one pool's
 // CapturePools only, or for all.
 void complete_graph_releases_of(const PoolCore* core) noexcept;
-// Queues a reference to a CapturePool (a heap-allocated std::shared_ptr<CapturePool>, taken
-// over) to be dropped at the next safe point, as a graph's release is.
-void queue_release(void* reference) noexcept;
+// Queues a reference to a CapturePool (heap-allocated, taken over) to be dropped at the next
+// safe point, as a graph's release is.
+void queue_release(std::shared_ptr<CapturePool>* reference) noexcept;
 
 }  // namespace streampool::detail

@@ -131,7 +131,9 @@ void safe_point() noexcept {
 
 namespace detail {
 
-void queue_release(void* reference) noexcept { release_from_graph(reference); }
+void queue_release(std::shared_ptr<CapturePool>* reference) noexcept {
+  release_from_graph(reference);
+}
 
 void complete_graph_releases_of(const PoolCore* core) noexcept {
   Deferred& d = deferred();

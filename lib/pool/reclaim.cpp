@@ -158,7 +158,7 @@ void PoolCore::empty_retired(StreamState& s, bool may_fence, std::size_t* unwait
       }
     }
     try {
-      park(b, {b->need});  // covered, it is clean at the next drain
+      park(b, {b->need});  // until covered (covered already: clean at the next drain)
     } catch (const std::bad_alloc&) {
       strand(b);
     }
