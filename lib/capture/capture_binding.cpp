@@ -240,7 +240,11 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
     std::lock_guard<std::mutex> lock(mutex_);
     adopted_.emplace_back(b, std::move(needs));
   } catch (const std::bad_alloc&) {
-    // Cannot hold it: leaking the block is the only safe choice (the graph may use it).
+    // Cannot hold it: lost to reuse, the only safe choice (the graph may use it). Its memory
+    // stays while the binding keeps the core; counted dropped, so that it holds back no end of
+    // the pool (a live block would keep the core, and all its memory, for good).
+    core_.announce_dropped(b, nullptr);
+    core_.count_drop(b);
   }
 }
 
