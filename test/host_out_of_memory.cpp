@@ -41,6 +41,21 @@ thread_local bool fail_onward = false;
 thread_local long failures = 0;  // allocations the countdown failed
 thread_local int in_device = 0;
 
+// The n-th host allocation of this thread from now fails, and with `onward` every one after it,
+// for as long as it lives.
+struct HostMemoryRunsOut {
+  HostMemoryRunsOut(long n, bool onward) noexcept {
+    fail_countdown = n;
+    fail_onward = onward;
+  }
+  ~HostMemoryRunsOut() {
+    fail_onward = false;
+    fail_countdown = 0;
+  }
+  HostMemoryRunsOut(const HostMemoryRunsOut&) = delete;
+  HostMemoryRunsOut& operator=(const HostMemoryRunsOut&) = delete;
+};
+
 std::int64_t reserved(MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
 
 // The library's next safe point: a dead pool kept for a later attempt is destroyed there.
@@ -749,4 +764,53 @@ TEST_CASE("a block stranded by its park is counted stranded once") {
       if (failures == 0) break;
     }
   }
+}
+
+// Found in review of the capture layer (2026-12-06): a CapturePool whose piece's uses could not be
+// listed (no host memory for their needs), or whose binding could not list them as it went, kept
+// its private ranges out of the MemoryPool for good; an adopted block whose uses could not be
+// listed was parked with a need nothing covers, and one that could not be filed at all was held
+// by nothing. None came back at a trim while the pool lived. Now each waits for a device
+// synchronize (stranded), which covers every use it had once the binding is gone. The n-th host
+// allocation from the drops on fails (and with `onward` every one after it, through the
+// CapturePool's end).
+TEST_CASE("a CapturePool that goes when host memory has run out leaves no memory out of reach") {
+  const bool onward = GENERATE(false, true);
+  long n = 1;
+  for (; n < 200; ++n) {
+    CAPTURE(onward, n);
+    auto fake = std::make_shared<FakeDevice>();
+    failures = 0;
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t s = fake->create_stream("captured");
+      cudaStream_t y = fake->create_stream("other");
+      try {
+        std::optional<Bytes> shared(Bytes::alloc_async(pool, 4 * KiB, s));
+        shared->record_stream(y);
+        auto capture_pool = std::make_shared<streampool::CapturePool>(pool);
+        capture_pool->reserve(MiB);
+        streampool::begin_capture_with_pool(capture_pool, s);
+        std::optional<Bytes> piece(Bytes::alloc_async(pool, 4 * KiB, s));
+        const HostMemoryRunsOut out(n, onward);
+        shared.reset();  // adopted
+        {
+          auto graph = streampool::end_capture_with_pool(s, capture_pool);
+          DeviceWithMemory::Inside inside;
+          graph.launch(s);
+          fake->launch(s, {streampool::writes(piece->data(), piece->byte_size())}, {}, "later use");
+        }
+        piece.reset();  // a piece with a use on s after the capture
+        capture_pool.reset();
+        streampool::complete_graph_releases();
+      } catch (const std::bad_alloc&) {
+      }
+      streampool::complete_graph_releases();
+      fake->complete_all();
+      pool.trim(0);
+      CHECK(fake->live_bytes() == 0);
+    }
+    if (failures == 0) break;  // fewer than n host allocations: each failed in turn
+  }
+  CHECK(n > 1);
 }

@@ -19,22 +19,32 @@ CaptureBinding::~CaptureBinding() {
   for (std::shared_ptr<CapturePool>* kept : kept_) queue_release(kept);
   // Nothing can use the memory any more but the work that used it last: every graph made with it
   // is gone and its launches complete (CUDA releases a graph's user objects after them).
+  // What has uses nobody could list waits for a device synchronize (strand), which covers them
+  // all: each was enqueued before now.
   for (auto& [block, needs] : adopted_) {
     core_.announce_dropped(block, nullptr);
     core_.count_drop(block);
-    core_.settle(block, needs);
+    const bool unlisted = std::any_of(needs.begin(), needs.end(), [](const Need& need) {
+      return need.timeline == never().timeline;
+    });
+    if (unlisted) core_.strand(block);
+    else core_.settle(block, needs);
   }
+  while (Block* block = unfiled_.pop_front()) core_.strand(block);  // counted dropped by adopt
   for (Block* range : ranges_) {
-    if (lost_) break;  // a piece's uses are unknown: no range goes back, none is reused early
     std::vector<Need> needs;
+    bool listed = !lost_;  // lost_: some piece's uses are unknown, and so every range's
     try {
       for (const auto& [ptr, piece] : free_) {
-        if (piece.range == range) needs.insert(needs.end(), piece.needs.begin(), piece.needs.end());
+        if (listed && piece.range == range) {
+          needs.insert(needs.end(), piece.needs.begin(), piece.needs.end());
+        }
       }
     } catch (const std::bad_alloc&) {
-      continue;  // the range is lost to reuse rather than handed out early
+      listed = false;
     }
-    core_.return_range(range, std::move(needs));
+    if (listed) core_.return_range(range, std::move(needs));
+    else core_.strand_range(range);
   }
   core_.let_go();  // last: it may destroy the core
 }
@@ -211,12 +221,12 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noe
       insert_piece(b->ptr, {b->size, range_of(b->ptr), in_capture ? now.origin : nullptr,
                             std::move(needs)});
     } catch (const std::bad_alloc&) {
-      // the piece is lost to reuse until the binding goes, and its range with it
+      // the piece is lost to reuse until the binding goes, which strands its range
       lost_ = true;
     }
   } else {
     std::lock_guard<std::mutex> lock(mutex_);
-    lost_ = true;  // its uses could not be listed: its range is never reused
+    lost_ = true;  // its uses could not be listed: its range goes back stranded
   }
   delete b;
   unref();
@@ -240,11 +250,13 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
     std::lock_guard<std::mutex> lock(mutex_);
     adopted_.emplace_back(b, std::move(needs));
   } catch (const std::bad_alloc&) {
-    // Cannot hold it: lost to reuse, the only safe choice (the graph may use it). Its memory
-    // stays while the binding keeps the core; counted dropped, so that it holds back no end of
-    // the pool (a live block would keep the core, and all its memory, for good).
+    // Cannot file it: held on a list that needs no memory until the binding goes (the graph may
+    // use it), then stranded. Counted dropped now, as a filed block is counted live no longer
+    // either (a live block would keep the core, and all its memory, for good).
     core_.announce_dropped(b, nullptr);
     core_.count_drop(b);
+    std::lock_guard<std::mutex> lock(mutex_);
+    unfiled_.push_back(b);
   }
 }
 
@@ -299,7 +311,7 @@ void CaptureBinding::end_capture() noexcept {
       piece.dropped_on = nullptr;
       insert_piece(ptr, std::move(piece));
     } catch (const std::bad_alloc&) {
-      lost_ = true;  // its needs are gone with it: its range never goes back
+      lost_ = true;  // its needs are gone with it: its range goes back stranded
     }
   }
 }

@@ -106,8 +106,9 @@ class CaptureBinding {
   std::vector<Block*> ranges_;
   std::map<std::byte*, Piece> free_;
   std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
+  BlockList unfiled_;  // adopted blocks adopted_ found no memory for (their uses unknown) [mutex_]
   std::vector<std::shared_ptr<CapturePool>*> kept_;  // keep_alive's, each its own [mutex_]
-  bool lost_ = false;  // a piece's uses could not be kept: the ranges never go back [mutex_]
+  bool lost_ = false;  // a piece's uses could not be kept: the ranges go back stranded [mutex_]
   // A need nothing covers: for a block whose uses could not be listed.
   static Need never() noexcept { return {&never_timeline_, 0}; }
   static inline const Timeline never_timeline_{};

@@ -115,6 +115,8 @@ class PoolCore {
   Block* take_range(std::size_t bytes, Failure& error) noexcept;
   // Back to the arena, free once every need is covered.
   void return_range(Block* range, std::vector<Need> needs) noexcept;
+  // Back to the arena after the next device synchronize: a range whose uses are not all known.
+  void strand_range(Block* range) noexcept;
   // Parks a block that came back, with the needs of its uses (those covered already dropped).
   // Where that finds no host memory, the block is stranded instead.
   bool park(Block* block, std::vector<Need> needs) noexcept;  // false: stranded
@@ -122,7 +124,8 @@ class PoolCore {
   // none, for a device synchronize begun after it was listed, which covers every need it had.
   void strand(Block* block) noexcept;
   // Appends the needs of these uses, each fenced now where it can be (see drop.cpp). False when
-  // there was no memory to list them: the block must then never be reused.
+  // there was no memory to list them: the block must then wait for a device synchronize
+  // (strand) begun after every one of them was enqueued.
   bool fence_uses(UseSpan uses, std::vector<Need>& needs) noexcept;
   // Records a fence on `s` now (its call names it) and returns the need it covers; the need of
   // an unfenced drop when no fence could be made; a device-timeline need when `s` no longer is

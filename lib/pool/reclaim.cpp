@@ -406,6 +406,12 @@ void PoolCore::return_range(Block* range, std::vector<Need> needs) noexcept {
   settle(range, needs);
 }
 
+void PoolCore::strand_range(Block* range) noexcept {
+  announce_dropped(range, nullptr);
+  count_range(*range, false);
+  strand(range);
+}
+
 bool PoolCore::past_reserved_limit(std::size_t bytes) const noexcept {
   const std::size_t limit = options_.max_reserved_bytes;
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, stats_reserved()));
