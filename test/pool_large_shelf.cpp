@@ -145,6 +145,34 @@ TEST_CASE("shelved memory goes to another stream before the arena grows") {
   CHECK(fake.hazards().empty());
 }
 
+// Found in review (2026-12-06): a growth of the arena for a slab did not send the shelves back
+// first, as every other growth does: a shelved range whose fence had completed was left there and
+// the device grew instead.
+TEST_CASE("a slab's growth sends the shelves back to the arena first") {
+  auto options = shelf_options(2);
+  options.segment_bytes = 2 * MiB;
+  options.fence_every_free = true;  // every drop fenced: a's fences known complete below
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream("a");
+  cudaStream_t b = fake.create_stream("b");
+  auto on_b = Bytes::alloc_async(*pool, 1 * KiB, b);  // a 256 KiB slab of the first segment
+  auto rest = Bytes::alloc_async(*pool, 2 * MiB - 256 * KiB, a);  // the rest of that segment
+  REQUIRE(pool->stats().device_allocations == 1);
+  write_on(fake, a, rest);
+  rest.reset();
+  REQUIRE(pool->breakdown().shelved_ranges == 1);
+  fake.complete(a);
+  for (int i = 0; i < 10; ++i) Bytes::alloc_async(*pool, 1 * KiB, a).reset();  // learns it
+  // A slab of another class, for b: the only room is the shelved range.
+  auto other_class = Bytes::alloc_async(*pool, 8 * KiB, b);
+  CHECK(pool->breakdown().shelved_ranges == 0);
+  CHECK(pool->stats().device_allocations == 1);
+  write_on(fake, b, other_class);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("the out-of-memory ladder takes shelved memory back") {
   auto options = shelf_options();
   options.max_reserved_bytes = 20 * MiB;

@@ -247,6 +247,10 @@ class PoolCore {
   // Is the need covered, learning (querying its stream's fences) if it is not yet known? Takes
   // the stream's lock: call with no stream locked.
   bool learn_covered(const Need& need) noexcept;
+  // [nothing locked] Every shelf back to the arena, as before any growth of the arena; true when
+  // a range moved. `caller`: the stream the call names, if any (the others' fences are asked
+  // for, not recorded).
+  bool unshelve_all(const StreamState* caller = nullptr) noexcept;
   // Parked blocks whose needs are all covered go back clean (their streams' fences are asked).
   void drain_parked() noexcept;
   // The same for the oldest few, by the fences already known to have completed: after a park.
@@ -365,10 +369,8 @@ class PoolCore {
   // a call that names its stream: s may be destroyed, its handle another stream's).
   void to_arena(StreamState& s, std::uint32_t generation, Block* range,
                 bool named = true) noexcept;
-  // [nothing locked] s's shelf / every shelf back to the arena; true when a range moved. `caller`:
-  // the stream the call names, if any (the others' fences are asked for, not recorded).
+  // [nothing locked] s's shelf back to the arena; true when a range moved.
   bool unshelve(StreamState& s, bool named = true) noexcept;
-  bool unshelve_all(const StreamState* caller = nullptr) noexcept;
   // [s.lock] Empties s's shelf into `out`.
   void take_shelf(StreamState& s, BlockList& out) noexcept;
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).

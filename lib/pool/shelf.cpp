@@ -5,7 +5,7 @@
 // far as the arena knows (it merges with nothing and no other stream finds it), so a stream's
 // shelf goes back to the arena when a request of its own misses it (the arena then decides as if
 // there were no shelf: best fit, a cut, the stream's own range extended), every shelf goes back
-// before the arena grows (allocate_large, take_range), at the first step
+// before the arena grows (allocate_large, take_range, a slab's carve), at the first step
 // of the out-of-memory ladder, when a device synchronize reclaims (trim), and when its stream
 // retires; and one shelf holds at most PoolOptions::large_shelf ranges, the oldest going back
 // when a drop finds it full. A shelved range keeps the need of its drop: on its stream it is

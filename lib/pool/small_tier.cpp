@@ -163,6 +163,9 @@ Block* SmallTier::carve(StreamState& s, std::uint32_t size_class, Failure& error
   Need had;
   Block* range = large.find(nullptr, range_bytes, &had);
   if (range == nullptr) {
+    // Before growing, as every growth of the arena: the shelves go back, and neighbours kept
+    // apart may be covered now.
+    pool_.unshelve_all(&s);
     large.coalesce_covered();
     range = large.find(nullptr, range_bytes, &had);
   }
