@@ -814,3 +814,39 @@ TEST_CASE("a CapturePool that goes when host memory has run out leaves no memory
   }
   CHECK(n > 1);
 }
+
+// A block stranded (its uses could not be listed) is in no part of the breakdown but its own
+// until the synchronize that brings it back (2026-12-06: it was in none, so the parts of the
+// reserved memory did not say where it was).
+TEST_CASE("the breakdown counts stranded blocks until a synchronize brings them back") {
+  for (const std::size_t bytes : {4 * KiB, 4 * MiB}) {
+    CAPTURE(bytes);
+    auto fake = std::make_shared<FakeDevice>();
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    cudaStream_t a = fake->create_stream();
+    cudaStream_t b = fake->create_stream();
+    Bytes x = Bytes::alloc_async(pool, bytes, a);
+    x.record_stream(b);
+    {
+      const HostMemoryRunsOut out(1, true);
+      x.reset();  // no memory for the list of its uses' needs: stranded
+    }
+    streampool::PoolBreakdown parts = pool.breakdown();
+    CHECK(parts.stranded_blocks == 1);
+    CHECK(parts.stranded_bytes == static_cast<std::int64_t>(bytes));  // a size of its tier
+    CHECK(parts.parked_blocks == 0);
+    if (bytes >= MiB) {  // a range: the segment is that and the free rest
+      CHECK(parts.stranded_bytes + parts.free_clean_bytes + parts.free_owned_bytes ==
+            parts.segment_bytes);
+    } else {  // a block: its slab is that and the free rest
+      CHECK(parts.stranded_bytes + parts.small_cached_bytes + parts.small_depot_bytes ==
+            parts.slab_bytes);
+    }
+    fake->complete_all();
+    pool.trim(0);
+    parts = pool.breakdown();
+    CHECK(parts.stranded_blocks == 0);
+    CHECK(parts.stranded_bytes == 0);
+    CHECK(parts.segment_bytes == 0);
+  }
+}

@@ -136,11 +136,14 @@ TEST_CASE("the formatted breakdown names every field with its value") {
   b.shelved_bytes = 13;
   b.parked_blocks = 10;
   b.parked_bytes = 11;
+  b.stranded_blocks = 14;
+  b.stranded_bytes = 15;
   const std::string text = fmt::format("{}", b);
   CAPTURE(text);
   REQUIRE(text ==
           "segments 1 (2 bytes); slabs 3 bytes (free: 4 on streams, 5 in the depot); free ranges 6 "
-          "(7 bytes clean, 8 owned, largest 9); shelved 12 (13 bytes); parked 10 (11 bytes)");
+          "(7 bytes clean, 8 owned, largest 9); shelved 12 (13 bytes); parked 10 (11 bytes); "
+          "stranded 14 (15 bytes)");
   REQUIRE(text == streampool::to_string(b));
 }
 

@@ -62,8 +62,8 @@ STREAMPOOL_API LockContention lock_contention() noexcept;
 // Every reserved byte is in a segment (a device allocation), counted in segment_bytes; so is
 // physical memory that the device refused to release once unmapped, which a later trim tries
 // again. A segment is cut into ranges: slabs of the small tier, free ranges, and ranges in use
-// (live large buffers, large blocks parked, ranges a CapturePool holds, and memory the device
-// refused to unmap after refusing access to it, kept until the pool's destruction).
+// (live large buffers, large blocks parked or stranded, ranges a CapturePool holds, and memory the
+// device refused to unmap after refusing access to it, kept until the pool's destruction).
 struct PoolBreakdown {
   std::int64_t segments = 0;
   std::int64_t segment_bytes = 0;
@@ -78,6 +78,8 @@ struct PoolBreakdown {
   std::int64_t shelved_bytes = 0;          // their requests (PoolOptions::large_shelf)
   std::int64_t parked_blocks = 0;          // dropped, waiting for fences of several streams
   std::int64_t parked_bytes = 0;           // (or for a device synchronize), small and large
+  std::int64_t stranded_blocks = 0;        // dropped when host memory ran out, their uses not
+  std::int64_t stranded_bytes = 0;         // listed: back at the next device synchronize
 };
 
 // One line naming every field; also what fmt prints (<streampool/format.hpp>).

@@ -157,6 +157,10 @@ PoolBreakdown PoolCore::breakdown() {
     ++b.parked_blocks;
     b.parked_bytes += static_cast<std::int64_t>(p.block->size);
   }
+  for (const Block* stray = stranded_blocks_.head; stray != nullptr; stray = stray->next) {
+    ++b.stranded_blocks;
+    b.stranded_bytes += static_cast<std::int64_t>(stray->size);
+  }
   return b;
 }
 
@@ -180,10 +184,12 @@ std::string to_string(const PoolStats& s) {
 std::string to_string(const PoolBreakdown& b) {
   return fmt::format(
       "segments {} ({} bytes); slabs {} bytes (free: {} on streams, {} in the depot); free ranges "
-      "{} ({} bytes clean, {} owned, largest {}); shelved {} ({} bytes); parked {} ({} bytes)",
+      "{} ({} bytes clean, {} owned, largest {}); shelved {} ({} bytes); parked {} ({} bytes); "
+      "stranded {} ({} bytes)",
       b.segments, b.segment_bytes, b.slab_bytes, b.small_cached_bytes, b.small_depot_bytes,
       b.free_ranges, b.free_clean_bytes, b.free_owned_bytes, b.largest_free_range,
-      b.shelved_ranges, b.shelved_bytes, b.parked_blocks, b.parked_bytes);
+      b.shelved_ranges, b.shelved_bytes, b.parked_blocks, b.parked_bytes, b.stranded_blocks,
+      b.stranded_bytes);
 }
 
 }  // namespace streampool

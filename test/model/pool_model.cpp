@@ -1965,6 +1965,9 @@ void Model::check_breakdown() {
   expect(b.largest_free_range <= free_bytes, "the largest free range exceeds the free bytes");
   expect((b.parked_blocks == 0) == (b.parked_bytes == 0), "parked blocks without bytes");
   expect(b.parked_bytes <= b.segment_bytes, "parked blocks exceed the segments");
+  expect((b.stranded_blocks == 0) == (b.stranded_bytes == 0), "stranded blocks without bytes");
+  expect(b.parked_bytes + b.stranded_bytes <= b.segment_bytes,
+         "parked and stranded blocks exceed the segments");
 }
 
 void Model::check_bounds() {
