@@ -194,6 +194,7 @@ TEST_CASE("a stream destroyed without its handle going to another is forgotten o
 TEST_CASE("a stream used only through record_stream is not forgotten while a buffer names it") {
   auto options = one_block_slabs();
   options.idle_ms = 1;
+  options.large_shelf = 0;  // every large allocation takes the slow path, where idleness is seen
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
   cudaStream_t a = fake.create_stream();
@@ -210,9 +211,10 @@ TEST_CASE("a stream used only through record_stream is not forgotten while a buf
     fake.launch(b, {{x.data(), x.byte_size(), false}});
     x.record_stream(b);
     REQUIRE(fake.event_destroy(written) == cudaSuccess);
-    for (int period = 0; period < 3; ++period) {  // idle periods pass, each ended by a slow path
+    // Idle periods pass, each ended by slow paths (a thread reads the clock at every 16th).
+    for (int period = 0; period < 3; ++period) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      Bytes::alloc_async(*pool, MiB, a).reset();
+      for (int i = 0; i < 16; ++i) Bytes::alloc_async(*pool, MiB, a).reset();
     }
   }
   fake.complete_all();
