@@ -56,6 +56,22 @@ struct HostMemoryRunsOut {
   HostMemoryRunsOut& operator=(const HostMemoryRunsOut&) = delete;
 };
 
+// Runs run(n) for n = 1, 2, ... (below `most`), each run arming fail_countdown with its n, until
+// one in which nothing failed: it made fewer than n host allocations from where it armed, so each
+// of them has failed in turn. More than `at_least` runs must have been made (a sweep that stopped
+// at once tested nothing).
+template <class Run>
+void each_in_turn(long most, long at_least, Run run) {
+  long n = 1;
+  for (; n < most; ++n) {
+    CAPTURE(n);
+    failures = 0;
+    run(n);
+    if (failures == 0) break;
+  }
+  CHECK(n > at_least);
+}
+
 std::int64_t reserved(MemoryPool& pool) { return pool.stats().reserved_bytes.current; }
 
 // The library's next safe point: a dead pool kept for a later attempt is destroyed there.
@@ -210,11 +226,8 @@ using streampool::DeviceWithMemory;
 // pool and its device memory were never freed. Each allocation of the construction fails in
 // turn here.
 TEST_CASE("a CapturePool whose construction finds no host memory lets its pool go") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    bool reached = false;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t a = fake->create_stream();
@@ -224,14 +237,11 @@ TEST_CASE("a CapturePool whose construction finds no host memory lets its pool g
         streampool::CapturePool capture_pool(pool);
       } catch (const std::bad_alloc&) {
       }
-      reached = fail_countdown == 0;
       fail_countdown = 0;
       fake->complete_all();
     }
     CHECK(fake->live_bytes() == 0);
-    if (!reached) break;  // the construction made fewer than n allocations: each failed once
-  }
-  CHECK(n > 1);
+  });
 }
 
 namespace {
@@ -282,13 +292,10 @@ TEST_CASE("each host allocation of a pool's life failing in turn ends no process
   const bool expandable = GENERATE(false, true);
   const bool capture = GENERATE(false, true);
   CAPTURE(expandable, capture);
-  long n = 1;
-  for (; n < 5000; ++n) {
-    CAPTURE(n);
+  each_in_turn(5000, 10, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
     auto options = test_options();
     options.expandable_segments = expandable;
-    bool reached = false;
     {
       auto pool = std::make_unique<MemoryPool>(std::make_shared<DeviceWithMemory>(fake), options);
       cudaStream_t a = fake->create_stream("a");
@@ -300,16 +307,13 @@ TEST_CASE("each host allocation of a pool's life failing in turn ends no process
       } catch (const streampool::Error& e) {
         CHECK(e.errc() == streampool::Errc::out_of_memory);
       }
-      reached = fail_countdown == 0;
       fail_countdown = 0;
       fake->complete_all();
     }
     INFO(first_hazard(*fake));
     CHECK(fake->hazards().empty());
     CHECK(fake->live_bytes() == 0);
-    if (!reached) break;  // the life made fewer than n allocations: every one has failed once
-  }
-  CHECK(n > 10);
+  });
 }
 
 // Found in review (2026-12-05): ReservedLimit recorded a device allocation's size after the
@@ -322,9 +326,7 @@ TEST_CASE("a reserved-memory limit whose record finds no host memory leaves no d
   const bool physical = GENERATE(false, true);  // malloc, or vm_create
   CAPTURE(physical);
   constexpr std::size_t bytes = 4 * MiB;
-  long n = 1;
-  for (; n < 50; ++n) {
-    CAPTURE(n);
+  each_in_turn(50, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
     streampool::ReservedLimit limit(std::make_shared<DeviceWithMemory>(fake), bytes);
     fake->fail_next(physical ? Call::vm_release : Call::free, 1);  // a give-back is refused
@@ -333,7 +335,6 @@ TEST_CASE("a reserved-memory limit whose record finds no host memory leaves no d
     fail_countdown = n;
     const cudaError_t status =
         physical ? limit.vm_create(&handle, bytes) : limit.malloc(&ptr, bytes);
-    const bool reached = fail_countdown == 0;
     fail_countdown = 0;
     fake->fail_next(physical ? Call::vm_release : Call::free, 0);
     if (status == cudaSuccess) {
@@ -348,9 +349,7 @@ TEST_CASE("a reserved-memory limit whose record finds no host memory leaves no d
     CHECK((physical ? limit.vm_create(&handle, bytes) : limit.malloc(&ptr, bytes)) ==
           cudaSuccess);
     CHECK((physical ? limit.vm_release(handle) : limit.free(ptr)) == cudaSuccess);
-    if (!reached) break;  // the call made fewer than n allocations: each failed once
-  }
-  CHECK(n > 1);
+  });
 }
 
 // Found in review (2026-12-05): the trace recorder's calls from the pool may not throw
@@ -399,11 +398,8 @@ TEST_CASE("a recording that runs out of host memory stops, and the process goes 
 // last use was pending. Each host allocation of the piece's drop fails in turn.
 TEST_CASE("a private piece whose drop finds no host memory is not reused before its pending "
           "uses") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    bool reached = false;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t s = fake->create_stream("captured");
@@ -425,7 +421,6 @@ TEST_CASE("a private piece whose drop finds no host memory is not reused before 
       fake->launch(y, {{p->data(), p->byte_size(), true}}, {}, "user write of P");  // pending
       fail_countdown = n;
       p.reset();  // P's needs: S's and Y's fences
-      reached = fail_countdown == 0;
       fail_countdown = 0;
       fake->complete(s);  // S's fence completes; Y's write is still pending
 
@@ -443,9 +438,7 @@ TEST_CASE("a private piece whose drop finds no host memory is not reused before 
       r.reset();
       z.reset();
     }
-    if (!reached) break;
-  }
-  CHECK(n > 1);
+  });
 }
 
 // Found in review (2026-12-05): a shared block adopted by a capture whose uses could not be
@@ -455,11 +448,8 @@ TEST_CASE("a private piece whose drop finds no host memory is not reused before 
 // n-th host allocation of the drop on; earlier adoptions leave the list of adopted blocks room.
 TEST_CASE("a block adopted by a capture when host memory has run out is not reused before its "
           "other stream's work") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    failures = 0;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t s = fake->create_stream("captured");
@@ -497,20 +487,15 @@ TEST_CASE("a block adopted by a capture when host memory has run out is not reus
       CHECK(fake->hazards().empty());
       fake->complete_all();
     }
-    if (failures == 0) break;  // the drop made fewer than n allocations
-  }
-  CHECK(n > 1);
+  });
 }
 
 // Found in review (2026-12-05): end_capture_with_pool made the graph's reference to its
 // CapturePool after the capture ended; where that found no host memory, the ended graph was never
 // destroyed. Each host allocation of the end fails in turn.
 TEST_CASE("an end of a capture that finds no host memory leaves no graph behind") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    failures = 0;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t s = fake->create_stream("captured");
@@ -533,9 +518,7 @@ TEST_CASE("an end of a capture that finds no host memory leaves no graph behind"
       CHECK(fake->capture_info(s, &status, nullptr) == cudaSuccess);
       CHECK(status == streampool::CaptureStatus::none);
     }
-    if (failures == 0) break;  // the end made fewer than n allocations: each failed once
-  }
-  CHECK(n > 1);
+  });
 }
 
 
@@ -597,11 +580,8 @@ TEST_CASE("a recording whose close fails with no host memory for the message end
 // by no stream (and no trim) until the state was recycled. Each host allocation of a
 // release_stream fails in turn; then every block must still reach the device at a trim.
 TEST_CASE("a stream released when host memory runs out leaves no block out of reach") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    failures = 0;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t b = fake->create_stream();
@@ -619,9 +599,7 @@ TEST_CASE("a stream released when host memory runs out leaves no block out of re
       pool.trim(0);
       CHECK(fake->live_bytes() == 0);
     }
-    if (failures == 0) break;  // the release made fewer than n allocations: each failed once
-  }
-  CHECK(n > 1);
+  });
 }
 
 // Found in review (2026-12-06), each failing without its fix: a drop whose uses are on two streams,
@@ -630,11 +608,9 @@ TEST_CASE("a stream released when host memory runs out leaves no block out of re
 TEST_CASE("a drop with a recorded use when host memory runs out leaves no block out of reach") {
   for (const std::size_t bytes : {4 * KiB, 4 * MiB}) {
     for (const bool onward : {false, true}) {
-      long n = 1;
-      for (; n < 100; ++n) {
-        CAPTURE(bytes, onward, n);
+      each_in_turn(100, 1, [&](long n) {
+        CAPTURE(bytes, onward);
         auto fake = std::make_shared<FakeDevice>();
-        failures = 0;
         {
           MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
           cudaStream_t a = fake->create_stream();
@@ -652,9 +628,7 @@ TEST_CASE("a drop with a recorded use when host memory runs out leaves no block 
           pool.trim(0);
           CHECK(fake->live_bytes() == 0);
         }
-        if (failures == 0) break;
-      }
-      CHECK(n > 1);
+      });
     }
   }
 }
@@ -663,11 +637,8 @@ TEST_CASE("a drop with a recorded use when host memory runs out leaves no block 
 // allocation failing in turn: every range must still reach the device at a trim.
 TEST_CASE("a stream with shelved ranges released when host memory runs out leaves none out of "
           "reach") {
-  long n = 1;
-  for (; n < 100; ++n) {
-    CAPTURE(n);
+  each_in_turn(100, 1, [&](long n) {
     auto fake = std::make_shared<FakeDevice>();
-    failures = 0;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t b = fake->create_stream();
@@ -685,9 +656,7 @@ TEST_CASE("a stream with shelved ranges released when host memory runs out leave
       pool.trim(0);
       CHECK(fake->live_bytes() == 0);
     }
-    if (failures == 0) break;
-  }
-  CHECK(n > 1);
+  });
 }
 
 // A block stranded while work of another stream that uses it is
@@ -695,10 +664,9 @@ TEST_CASE("a stream with shelved ranges released when host memory runs out leave
 TEST_CASE("a stranded block is not reused before the work that used it completed") {
   for (const std::size_t bytes : {4 * KiB, 4 * MiB}) {
     for (const bool onward : {false, true}) {
-      for (long n = 1; n < 60; ++n) {
-        CAPTURE(bytes, onward, n);
+      each_in_turn(60, 1, [&](long n) {
+        CAPTURE(bytes, onward);
         auto fake = std::make_shared<FakeDevice>();
-        failures = 0;
         {
           MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
           cudaStream_t a = fake->create_stream();
@@ -729,8 +697,7 @@ TEST_CASE("a stranded block is not reused before the work that used it completed
           fake->complete_all();
           CHECK(fake->hazards().empty());
         }
-        if (failures == 0) break;
-      }
+      });
     }
   }
 }
@@ -740,10 +707,9 @@ TEST_CASE("a stranded block is not reused before the work that used it completed
 // passed the 16 MiB bound, and the next slow path synchronized the device for nothing.
 TEST_CASE("a block stranded by its park is counted stranded once") {
   for (int k = 0; k < 34; ++k) {
-    for (long n = 1; n < 40; ++n) {
-      CAPTURE(k, n);
+    each_in_turn(40, 1, [&](long n) {
+      CAPTURE(k);
       auto fake = std::make_shared<FakeDevice>();
-      failures = 0;
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t a = fake->create_stream();
       cudaStream_t b = fake->create_stream();
@@ -761,8 +727,7 @@ TEST_CASE("a block stranded by its park is counted stranded once") {
       const auto before = fake->calls(Call::device_synchronize);
       Bytes probe = Bytes::alloc_async(pool, 64 * KiB, a);  // a slow path: the stranded bound
       CHECK(fake->calls(Call::device_synchronize) == before);
-      if (failures == 0) break;
-    }
+    });
   }
 }
 
@@ -776,11 +741,9 @@ TEST_CASE("a block stranded by its park is counted stranded once") {
 // CapturePool's end).
 TEST_CASE("a CapturePool that goes when host memory has run out leaves no memory out of reach") {
   const bool onward = GENERATE(false, true);
-  long n = 1;
-  for (; n < 200; ++n) {
-    CAPTURE(onward, n);
+  each_in_turn(200, 1, [&](long n) {
+    CAPTURE(onward);
     auto fake = std::make_shared<FakeDevice>();
-    failures = 0;
     {
       MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
       cudaStream_t s = fake->create_stream("captured");
@@ -810,9 +773,7 @@ TEST_CASE("a CapturePool that goes when host memory has run out leaves no memory
       pool.trim(0);
       CHECK(fake->live_bytes() == 0);
     }
-    if (failures == 0) break;  // fewer than n host allocations: each failed in turn
-  }
-  CHECK(n > 1);
+  });
 }
 
 // A block stranded (its uses could not be listed) is in no part of the breakdown but its own
