@@ -373,53 +373,66 @@ class Parser {
 struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
-struct GzCloser {
-  void operator()(gzFile_s* file) const { gzclose(file); }
-};
 
-std::string read_gzip(const std::string& path) {
-  const std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
-  if (!file) throw TraceError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  gzbuffer(file.get(), 1u << 18);
+bool gzip_magic(std::string_view bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+         static_cast<unsigned char>(bytes[1]) == 0x8b;
+}
+
+// The text of gzip data: one member or several one after another (as `cat a.gz b.gz` makes, and
+// `gzip -d` reads), and nothing else. zlib's gzread passes over bytes after the last member that
+// are no member, without a word; here they are an error.
+std::string inflate_gzip(const std::string& path, std::string_view bytes) {
+  const auto bad = [&path](std::string_view why) {
+    return TraceError(fmt::format("{}: bad gzip data: {}", path, why));
+  };
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) throw bad("zlib cannot start");  // gzip wrapper only
+  const std::unique_ptr<z_stream, int (*)(z_stream*)> end(&z, inflateEnd);
   std::string text;
-  constexpr unsigned chunk = 1u << 22;
+  std::size_t at = 0;  // bytes consumed
+  constexpr std::size_t chunk = std::size_t{1} << 22;
   for (;;) {
+    const std::size_t in = std::min<std::size_t>(bytes.size() - at, 1u << 30);
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data() + at));
+    z.avail_in = static_cast<uInt>(in);
     const std::size_t used = text.size();
     text.resize(used + chunk);
-    const int read = gzread(file.get(), text.data() + used, chunk);
-    if (read < 0) {
-      int error = Z_OK;
-      throw TraceError(fmt::format("{}: bad gzip data: {}", path, gzerror(file.get(), &error)));
+    z.next_out = reinterpret_cast<Bytef*>(text.data() + used);
+    z.avail_out = static_cast<uInt>(chunk);
+    const int status = inflate(&z, Z_NO_FLUSH);
+    text.resize(used + chunk - z.avail_out);
+    at += in - z.avail_in;
+    if (status == Z_STREAM_END) {
+      if (at == bytes.size()) return text;
+      if (!gzip_magic(bytes.substr(at))) {
+        throw bad(fmt::format("{} bytes after the gzip data, which are no gzip member",
+                              bytes.size() - at));
+      }
+      if (inflateReset(&z) != Z_OK) throw bad("zlib cannot go on to the next member");
+      continue;
     }
-    text.resize(used + static_cast<std::size_t>(read));
-    if (read == 0) break;
+    if (status == Z_BUF_ERROR && at == bytes.size()) throw bad("the data ends early");
+    if (status != Z_OK && status != Z_BUF_ERROR) {
+      throw bad(z.msg != nullptr ? z.msg : "inflate failed");
+    }
   }
-  int error = Z_OK;
-  const char* message = gzerror(file.get(), &error);
-  if (error != Z_OK) throw TraceError(fmt::format("{}: bad gzip data: {}", path, message));
-  return text;
 }
 
 std::string read_file(const std::string& path) {
   const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
   if (!file) throw TraceError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::array<unsigned char, 2> magic{};
-  if (std::fread(magic.data(), 1, magic.size(), file.get()) == 2 && magic[0] == 0x1f &&
-      magic[1] == 0x8b) {
-    return read_gzip(path);
-  }
-  std::rewind(file.get());
-  std::string text;
+  std::string bytes;
   constexpr std::size_t chunk = std::size_t{1} << 22;
   for (;;) {
-    const std::size_t used = text.size();
-    text.resize(used + chunk);
-    const std::size_t read = std::fread(text.data() + used, 1, chunk, file.get());
-    text.resize(used + read);
+    const std::size_t used = bytes.size();
+    bytes.resize(used + chunk);
+    const std::size_t read = std::fread(bytes.data() + used, 1, chunk, file.get());
+    bytes.resize(used + read);
     if (read < chunk) break;
   }
   if (std::ferror(file.get())) throw TraceError(fmt::format("{}: cannot read", path));
-  return text;
+  return gzip_magic(bytes) ? inflate_gzip(path, bytes) : bytes;
 }
 
 // "dir/gpt2_train.csv.gz" -> "gpt2_train".
