@@ -13,6 +13,7 @@
 #include <streampool/error.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -211,6 +213,23 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
                      : "PooledBuffer, with record_stream for a block another stream used")
         << "\n\n";
     out << replay_table(reports).markdown();
+  }
+  for (const auto& r : reports) {
+    const auto plural = [](std::uint64_t n, std::string_view one, std::string_view many) {
+      return fmt::format("{} {}", n, n == 1 ? one : many);
+    };
+    std::vector<std::string> left_out;
+    if (r.unmatched_frees != 0) {
+      left_out.push_back(plural(r.unmatched_frees, "free of a pointer the trace never allocated",
+                                "frees of pointers the trace never allocated"));
+    }
+    if (r.empty_allocations != 0) {
+      left_out.push_back(plural(r.empty_allocations, "request of 0 bytes", "requests of 0 bytes"));
+    }
+    if (!left_out.empty()) {
+      err << fmt::format("streampool-bench: replay: {}: left out {} (docs/bench.md, \"Traces\")\n",
+                         r.trace, fmt::join(left_out, " and "));
+    }
   }
   std::uint64_t failed = 0;
   for (const auto& r : reports) {

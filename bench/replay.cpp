@@ -131,6 +131,9 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
   report.raw = options.raw;
   report.events = trace.events.size();
   report.allocations = trace.allocations;
+  report.unmatched_frees = trace.unmatched_frees;
+  report.empty_allocations = trace.empty_allocations;
+  report.left_live = trace.left_live;
   report.peak_requested = trace.peak_requested();
 
   auto* fake = dynamic_cast<FakeDevice*>(target.device.get());

@@ -45,6 +45,11 @@ struct ReplayReport {
   bool raw = false;    // through the raw API (ReplayOptions::raw)
   std::uint64_t events = 0;
   std::uint64_t allocations = 0;
+  // What the trace reader left out (Trace): frees of blocks allocated before recording began,
+  // requests of 0 bytes; and allocations the trace never frees.
+  std::uint64_t unmatched_frees = 0;
+  std::uint64_t empty_allocations = 0;
+  std::uint64_t left_live = 0;
   std::uint64_t peak_requested = 0;  // the trace's own peak (Trace::peak_requested), failed
                                      // allocations included
   // The highest sum of live requested bytes the replay reached (failed allocations included;

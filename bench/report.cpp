@@ -42,6 +42,9 @@ nlohmann::json replay_json(const ReplayReport& r) {
           {"oom_retries", r.oom_retries},
           {"growth_waits", r.growth_waits},
           {"failed_allocations", r.failed_allocations},
+          {"unmatched_frees", r.unmatched_frees},
+          {"empty_allocations", r.empty_allocations},
+          {"left_live", r.left_live},
           {"seconds", r.seconds},
           {"timed", r.timed},
           {"ns_per_event", r.ns_per_event()}};

@@ -266,6 +266,10 @@ class Parser {
 
   void alloc(std::uint64_t thread, std::uint64_t time, std::uint64_t pointer, std::uint64_t size,
              std::uint64_t stream) {
+    if (size == 0) {  // left out, and its free (a Size 0 free of no live pointer)
+      ++trace_.empty_allocations;
+      return;
+    }
     const std::uint64_t allocation = trace_.allocations;
     const auto [live, inserted] = live_.try_emplace(pointer, allocation);
     if (!inserted) {
@@ -290,6 +294,7 @@ class Parser {
   void free(std::uint64_t thread, std::uint64_t time, std::uint64_t pointer, std::uint64_t size,
             std::uint64_t stream) {
     const auto live = live_.find(pointer);
+    if (live == live_.end() && size == 0) return;  // a request of 0 bytes' (alloc)
     if (live == live_.end()) {
       if (const auto freed = freed_.find(pointer); freed != freed_.end()) {
         fail("free of {:#x}, which this trace allocated and freed at line {} (a double free)",

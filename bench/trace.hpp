@@ -19,7 +19,9 @@
 //
 // In memory, a Trace is a list of events in file order with pointers replaced by allocation
 // numbers: every free names the allocation it ends. A trace recorded mid-run frees blocks it never
-// saw allocated: those frees are dropped and counted (`unmatched_frees`). For PyTorch's
+// saw allocated: those frees are dropped and counted (`unmatched_frees`), as are requests of 0
+// bytes and their frees (`empty_allocations`: no allocator hands out memory for them, CUDA's give
+// each the null pointer, and they change no figure). For PyTorch's
 // vocabulary the free is `free_requested` (when the program let go); `free_completed` (when the
 // block went back to PyTorch's cache after other streams' use) is counted, not replayed.
 //
@@ -65,6 +67,7 @@ struct Trace {
   std::vector<std::uint64_t> threads;  // thread ids as recorded, in order of first use
   std::uint64_t allocations = 0;       // number of alloc events
   std::uint64_t unmatched_frees = 0;   // frees of allocations made before recording began
+  std::uint64_t empty_allocations = 0;  // requests of 0 bytes (left out, their frees too)
   std::uint64_t completed_frees = 0;   // free_completed events (counted, not replayed)
   std::uint64_t left_live = 0;         // allocations never freed in the trace
 

@@ -186,3 +186,31 @@ TEST_CASE("Blank lines are skipped and line numbers still count them", "[trace]"
   CHECK_THROWS_WITH(parse("Thread,Time,Action,Pointer,Size,Stream\n\n0,1,bad,0x100,8,0x0\n"),
                     Catch::Matchers::StartsWith("t:3: "));
 }
+
+// Found in review (2026-12-06): a request of 0 bytes was parsed as an allocation, which the
+// replay then counted as one the pool failed (no allocator hands out memory for 0 bytes), and the
+// command exited with 1. Now such a request and its free are counted and left out: they change
+// no figure, and CUDA's allocators give every one of them the same null pointer.
+TEST_CASE("A request of no bytes, and its free, are counted and left out of the replay",
+          "[trace]") {
+  const Trace trace = parse(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "0,1,allocate,0x0,0,0x0\n"
+      "0,2,allocate,0x0,0,0x0\n"
+      "0,3,allocate,0x100,8,0x0\n"
+      "0,4,free,0x0,0,0x0\n"
+      "0,5,free,0x100,8,0x0\n"
+      "0,6,free,0x0,0,0x0\n");
+  CHECK(trace.empty_allocations == 2);
+  CHECK(trace.unmatched_frees == 0);
+  CHECK(trace.allocations == 1);
+  REQUIRE(trace.events.size() == 2);
+  CHECK(trace.events[0].size == 8);
+  CHECK(trace.left_live == 0);
+  SECTION("a free of a live allocation with Size 0 is still an error") {
+    CHECK_THROWS_AS(parse("Thread,Time,Action,Pointer,Size,Stream\n"
+                          "0,1,allocate,0x100,8,0x0\n"
+                          "0,2,free,0x100,0,0x0\n"),
+                    TraceError);
+  }
+}
