@@ -140,14 +140,6 @@ std::vector<Trace> load(const Inputs& in, bool default_workloads) {
   return traces;
 }
 
-void write_file(const std::filesystem::path& path, const std::string& content) {
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  std::ofstream file(path);
-  file << content;
-  file.close();
-  if (!file) throw RunError(fmt::format("cannot write {}", path.string()));
-}
-
 // The plot's lines from a replay's timeline: each stretch's lowest and highest values.
 std::vector<Series> timeline_series(const ReplayReport& report) {
   std::vector<Series> series{{"reserved", "#d62728", {}, {}}, {"requested", "#1f77b4", {}, {}}};

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
+#include <stdexcept>
 #include <cstdio>
 #include <unistd.h>
 
@@ -148,6 +150,14 @@ std::function<void(double)> progress_bar(const std::string& label) {
     if (percent >= 100) std::fputc('\n', stderr);
     std::fflush(stderr);
   };
+}
+
+void write_file(const std::filesystem::path& path, const std::string& content) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream file(path);
+  file << content;
+  file.close();
+  if (!file) throw std::runtime_error(fmt::format("cannot write {}", path.string()));
 }
 
 }  // namespace streampool::bench

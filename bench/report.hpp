@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,5 +39,9 @@ const TuneRow& tune_baseline(const std::vector<TuneRow>& rows);
 std::function<void(double)> progress_bar(const std::string& label);
 
 std::string human_bytes(std::uint64_t bytes);
+
+// Writes `content` to `path`, making its folder; std::runtime_error "cannot write PATH" where any
+// of it fails.
+void write_file(const std::filesystem::path& path, const std::string& content);
 
 }  // namespace streampool::bench

@@ -747,10 +747,9 @@ int stress_command(const StressOptions& options, std::ostream& out, std::ostream
 
   if (!options.out.empty()) {
     try {
-      std::filesystem::create_directories(options.out);
       const std::filesystem::path dir(options.out);
-      std::ofstream(dir / "stress.csv") << stress_samples_table(results).csv();
-      std::ofstream(dir / "stress-reserved.svg") << stress_plot(results);
+      write_file(dir / "stress.csv", stress_samples_table(results).csv());
+      write_file(dir / "stress-reserved.svg", stress_plot(results));
       out << "wrote " << (dir / "stress.csv").string() << " and "
                 << (dir / "stress-reserved.svg").string() << "\n\n";
     } catch (const std::exception& e) {

@@ -2,17 +2,20 @@
 // hang together, and the fake kernels do count a tag that is not there.
 #include "stress.hpp"
 #include "stress_target.hpp"
+#include "temp_dir.hpp"
 
 #include <streampool/device.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
 using namespace streampool::bench;
 using Catch::Matchers::Contains;
+using streampool::bench::testing::TempDir;
 
 namespace {
 // A run of one configuration on the fake device, one progress line a second.
@@ -218,4 +221,23 @@ TEST_CASE("stress with host work spends it after every drop, and says so in the 
   // The work is in no latency.
   CHECK(r.drop.mean_ns < 1e6);
   CHECK_THAT(stress_table(r).title, Contains("5000000 ns of host work after every drop"));
+}
+
+// Found in review (2026-12-06): stress --out wrote its files through streams it never checked, so
+// a file it could not write (here a folder in its place) was reported written, with status 0.
+TEST_CASE("stress --out that cannot write its files exits with 1 and says which", "[stress][run]") {
+  const TempDir dir;
+  const std::filesystem::path out = dir.file("out");
+  std::filesystem::create_directories(out / "stress.csv");  // a folder where the file goes
+  StressOptions options;
+  options.fake = true;
+  options.seconds = 0.5;
+  options.threads = 1;
+  options.interval = 1;
+  options.out = out.string();
+  std::ostringstream log;
+  std::ostringstream err;
+  CHECK(stress_command(options, log, err) == 1);
+  CHECK_THAT(err.str(), Contains("cannot write") && Contains("stress.csv"));
+  CHECK_THAT(log.str(), !Contains("wrote"));
 }
