@@ -266,7 +266,9 @@ Table trace_table(std::vector<std::unique_ptr<Peer>>& peers, const std::vector<T
       const std::uint64_t peak = peer->peak_reserved();
       table.rows.push_back(
           {trace.name, peer->name(),
-           fmt::format("{:.0f}", seconds * 1e9 / double(trace.events.size())),
+           trace.events.empty()
+               ? std::string("n/a")
+               : fmt::format("{:.0f}", seconds * 1e9 / double(trace.events.size())),
            fmt::format("{}", failed),
            peak == 0 ? std::string("n/a") : fmt::format("{}", peak),
            peak == 0 || peak_requested == 0 ? std::string("n/a")
