@@ -1004,8 +1004,11 @@ struct FakeDevice::State {
 
   // The checks of an access to a pool's memory. True when the access is a hazard of its own
   // (out of bounds, after the drop, unordered), so that the race check need not report it again.
-  // A graph's replay is checked for bounds and drops alone: the capture layer keeps what a graph
-  // uses until its launches complete (capture_pool.hpp), whichever stream they run on.
+  // A graph's replay is checked for bounds, drops and order (a replay on a stream not ordered
+  // after the block's allocation is unordered, as any work there is), but is no use that the
+  // block's drop must name (record_stream): the capture layer keeps what a graph uses until its
+  // launches complete (capture_pool.hpp: adoption, record_buffer), whichever stream they run on.
+  // Memory it holds for its graphs (block_held) is exempt from the order check too.
   bool check_pool_memory(Stream& stream, std::uint64_t seq, std::uint32_t label,
                          const Access& access, std::uintptr_t begin, std::uintptr_t end,
                          bool replay) {
@@ -1041,9 +1044,11 @@ struct FakeDevice::State {
            as_pointer(base)});
       return true;
     }
-    if (block.held || replay) return false;
-    Use& use = block.uses[stream.id];
-    use = {std::max(use.seq, seq), label};
+    if (block.held) return false;
+    if (!replay) {
+      Use& use = block.uses[stream.id];
+      use = {std::max(use.seq, seq), label};
+    }
     bool unordered = false;
     const auto ordered = [&](const AccessLog::Touch& earlier) {
       return ordered_after(stream, earlier.stream, earlier.seq);

@@ -294,3 +294,35 @@ TEST_CASE("each hazard kind has its enumerator's name", "[fake][blocks]") {
   };
   for (const auto& [kind, name] : names) CHECK(std::string(FakeDevice::hazard_name(kind)) == name);
 }
+
+// Found in review (2026-12-06): a graph's replay was checked for bounds and drops only, so a
+// replay on a stream not ordered after an ordinary block's allocation went unreported (launched
+// directly, the same unit is). It is checked for order now; it is still no use the block's drop
+// must name, since the capture layer keeps what its graphs use until their launches complete.
+TEST_CASE("a graph replay on a stream not ordered after a block's allocation is unordered") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream("a");
+  cudaStream_t b = fake.create_stream("b");
+  fake.launch(a);  // earlier work on a: the allocation is ordered after it
+  auto buffer = Bytes::alloc_async(*pool, 1024, a);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(fake.begin_capture(b, CaptureMode::relaxed) == cudaSuccess);
+  fake.launch(b, {writes(buffer)}, {}, "captured kernel");
+  REQUIRE(fake.end_capture(b, &graph) == cudaSuccess);
+  REQUIRE(fake.graph_instantiate(&exec, graph) == cudaSuccess);
+  REQUIRE(fake.hazards().empty());
+  SECTION("not ordered: reported") {
+    REQUIRE(fake.graph_launch(exec, b) == cudaSuccess);
+    CHECK(hazards_of(fake, HazardKind::unordered_access).size() == 1);
+  }
+  SECTION("ordered after the allocation's stream: nothing to report") {
+    order_after(fake, b, a);
+    REQUIRE(fake.graph_launch(exec, b) == cudaSuccess);
+    CHECK(fake.hazards().empty());
+  }
+  fake.complete_all();
+  REQUIRE(fake.graph_exec_destroy(exec) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+}
