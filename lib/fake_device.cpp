@@ -1620,11 +1620,13 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
   Stream* target = s.find_stream(stream);
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) {
-    // A capturing stream may wait on an event recorded in a capture (fork and join); one recorded
-    // outside any capture is refused and invalidates the capture, in every mode (seen on the H200).
-    if (it->second.captured) return cudaSuccess;
+    // A capturing stream may wait on an event recorded in its own capture (fork and join); one
+    // recorded outside any capture is refused and invalidates the capture, in every mode (seen on
+    // the H200); one recorded in another capture would merge two captures, which CUDA refuses
+    // (the Programming Guide's "Prohibited and Unhandled Operations").
+    if (it->second.captured && it->second.capture == target->capture->id) return cudaSuccess;
     target->capture->invalidated = true;
-    return cudaErrorStreamCaptureIsolation;
+    return it->second.captured ? cudaErrorStreamCaptureMerge : cudaErrorStreamCaptureIsolation;
   }
   for (const auto& [other, seq] : it->second.covers) {
     if (other == target->id) continue;  // stream order already covers it

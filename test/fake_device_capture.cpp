@@ -590,3 +590,38 @@ TEST_CASE("a CUDA call from a user object's destructor fails with cudaErrorNotPe
   void* ptr = must_malloc(device, 256);
   REQUIRE(device.free(ptr) == cudaSuccess);
 }
+
+// Found in review (2026-12-06): a capturing stream could wait on an event captured by another
+// capture, which CUDA refuses ("it is invalid to merge two separate capture graphs by waiting on a
+// captured event from a stream which is being captured and is associated with a different
+// capture graph than the event": cudaErrorStreamCaptureMerge). The fake accepted any captured
+// event as a fork or join.
+TEST_CASE("a capturing stream may not wait on an event captured by another capture") {
+  const CaptureMode mode =
+      GENERATE(CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed);
+  CAPTURE(mode_name(mode));
+  FakeDevice device;
+  cudaStream_t a = device.create_stream("a");
+  cudaStream_t b = device.create_stream("b");
+  cudaStream_t c = device.create_stream("c");
+  cudaEvent_t event = must_create_event(device);
+  REQUIRE(device.begin_capture(a, mode) == cudaSuccess);
+  REQUIRE(device.event_record(event, a) == cudaSuccess);  // captured in a's capture
+  SECTION("another capture's event: refused, and that capture is lost") {
+    REQUIRE(device.begin_capture(b, mode) == cudaSuccess);
+    CHECK(device.stream_wait_event(b, event) == cudaErrorStreamCaptureMerge);
+    CHECK(capture_status(device, b) == CaptureStatus::invalidated);
+    end_and_discard(device, b, cudaErrorStreamCaptureInvalidated);
+  }
+  SECTION("an event of its own capture: a fork, allowed") {
+    REQUIRE(device.begin_capture(c, mode) == cudaSuccess);
+    cudaEvent_t own = must_create_event(device);
+    REQUIRE(device.event_record(own, c) == cudaSuccess);
+    CHECK(device.stream_wait_event(c, own) == cudaSuccess);
+    end_and_discard(device, c, cudaSuccess);
+    REQUIRE(device.event_destroy(own) == cudaSuccess);
+  }
+  CHECK(capture_status(device, a) == CaptureStatus::active);
+  end_and_discard(device, a, cudaSuccess);
+  REQUIRE(device.event_destroy(event) == cudaSuccess);
+}
