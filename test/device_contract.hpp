@@ -405,6 +405,25 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("waiting on an event captured by another capture in "
+                    << contract::mode_name(mode) << " mode fails (a merge) and invalidates it") {
+      cudaEvent_t event = nullptr;
+      REQUIRE(device.event_create(&event) == cudaSuccess);
+      cudaStream_t other = h.create_stream();
+      REQUIRE(device.begin_capture(other, mode) == cudaSuccess);
+      REQUIRE(device.event_record(event, other) == cudaSuccess);
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.stream_wait_event(stream, event) == cudaErrorStreamCaptureMerge);
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      REQUIRE(status_of(device, other) == CaptureStatus::active);
+      REQUIRE(end_and_discard(device, stream) == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(end_and_discard(device, other) == cudaSuccess);
+      REQUIRE(device.event_destroy(event) == cudaSuccess);
+      h.destroy_stream(other);
+    }
+  }
+
   for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
     DYNAMIC_SECTION("ending a " << contract::mode_name(mode)
                                 << " capture from another thread fails and ends it") {
