@@ -14,10 +14,8 @@
 
 namespace streampool::bench {
 
-// The keys of one replay (docs/bench.md): trace, target, config, events, allocations, peak_requested_bytes,
-// peak_reserved_bytes, ratio, waste_at_peak_bytes, cache_hits, cache_misses, hit_rate,
-// device_allocations, device_frees, fences, events_recorded, cross_stream_reuses,
-// blocking_fallbacks, oom_retries, growth_waits, failed_allocations, seconds, timed, ns_per_event.
+// The keys of one replay: those of docs/bench.md's table ("JSON"), which lists each with its
+// meaning.
 nlohmann::json replay_json(const ReplayReport& report);
 // {title, header, rows}: the label columns as strings, figures as numbers, "n/a" as null (a
 // figure cell that is no number stays a string).

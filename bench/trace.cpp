@@ -266,8 +266,9 @@ class Parser {
 
   void alloc(std::uint64_t thread, std::uint64_t time, std::uint64_t pointer, std::uint64_t size,
              std::uint64_t stream) {
-    if (size == 0) {  // left out, and its free (a Size 0 free of no live pointer)
+    if (size == 0) {  // left out, and its free (a Size 0 free that pairs with it)
       ++trace_.empty_allocations;
+      ++empty_live_;
       return;
     }
     const std::uint64_t allocation = trace_.allocations;
@@ -294,7 +295,10 @@ class Parser {
   void free(std::uint64_t thread, std::uint64_t time, std::uint64_t pointer, std::uint64_t size,
             std::uint64_t stream) {
     const auto live = live_.find(pointer);
-    if (live == live_.end() && size == 0) return;  // a request of 0 bytes' (alloc)
+    if (live == live_.end() && size == 0 && empty_live_ > 0) {
+      --empty_live_;  // a request of no bytes' free
+      return;
+    }
     if (live == live_.end()) {
       if (const auto freed = freed_.find(pointer); freed != freed_.end()) {
         fail("free of {:#x}, which this trace allocated and freed at line {} (a double free)",
@@ -371,6 +375,7 @@ class Parser {
   std::unordered_map<std::uint64_t, std::uint64_t> freed_;
   static constexpr std::uint64_t max_live_bytes = std::numeric_limits<std::int64_t>::max();
   std::uint64_t live_bytes_ = 0;  // the live allocations' sizes, at most max_live_bytes
+  std::uint64_t empty_live_ = 0;  // requests of no bytes not yet freed (CUDA gives all one pointer)
   std::unordered_map<std::uint64_t, PendingCompletion> pending_;  // pointer -> its free
   std::vector<std::size_t> delayed_;  // frees completed only after other events
 };

@@ -214,3 +214,26 @@ TEST_CASE("A request of no bytes, and its free, are counted and left out of the 
                     TraceError);
   }
 }
+
+// Found in review of the change above (2026-12-06): a free of Size 0 returned before the double
+// free check and before any count, so a double free with Size 0 passed, and a Size 0 free of a
+// pointer the trace never allocated was counted nowhere.
+TEST_CASE("A free of Size 0 pairs with a request of no bytes, or is a double or unmatched free",
+          "[trace]") {
+  SECTION("a double free is an error whatever its Size") {
+    CHECK_THROWS_AS(parse("Thread,Time,Action,Pointer,Size,Stream\n"
+                          "0,1,allocate,0x100,8,0x0\n"
+                          "0,2,free,0x100,8,0x0\n"
+                          "0,3,free,0x100,0,0x0\n"),
+                    TraceError);
+  }
+  SECTION("with no request of no bytes to pair with, it is an unmatched free") {
+    const Trace trace = parse(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "0,1,allocate,0x100,8,0x0\n"
+        "0,2,free,0x2000,0,0x0\n"
+        "0,3,free,0x100,8,0x0\n");
+    CHECK(trace.unmatched_frees == 1);
+    CHECK(trace.empty_allocations == 0);
+  }
+}
