@@ -1625,10 +1625,14 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
     // A capturing stream may wait on an event recorded in its own capture (fork and join); one
     // recorded outside any capture is refused and invalidates the capture, in every mode (seen on
     // the H200); one recorded in another capture would merge two captures, which CUDA refuses
-    // (the Programming Guide's "Prohibited and Unhandled Operations").
+    // and invalidates both (seen on an H100, 2026-12-06).
     if (it->second.captured && it->second.capture == target->capture->id) return cudaSuccess;
     target->capture->invalidated = true;
-    return it->second.captured ? cudaErrorStreamCaptureMerge : cudaErrorStreamCaptureIsolation;
+    if (!it->second.captured) return cudaErrorStreamCaptureIsolation;
+    for (auto& [id, other] : s.streams) {
+      if (other.capture && other.capture->id == it->second.capture) other.capture->invalidated = true;
+    }
+    return cudaErrorStreamCaptureMerge;
   }
   for (const auto& [other, seq] : it->second.covers) {
     if (other == target->id) continue;  // stream order already covers it

@@ -607,11 +607,13 @@ TEST_CASE("a capturing stream may not wait on an event captured by another captu
   cudaEvent_t event = must_create_event(device);
   REQUIRE(device.begin_capture(a, mode) == cudaSuccess);
   REQUIRE(device.event_record(event, a) == cudaSuccess);  // captured in a's capture
-  SECTION("another capture's event: refused, and that capture is lost") {
+  SECTION("another capture's event: refused, and both captures are lost") {
     REQUIRE(device.begin_capture(b, mode) == cudaSuccess);
     CHECK(device.stream_wait_event(b, event) == cudaErrorStreamCaptureMerge);
     CHECK(capture_status(device, b) == CaptureStatus::invalidated);
+    CHECK(capture_status(device, a) == CaptureStatus::invalidated);
     end_and_discard(device, b, cudaErrorStreamCaptureInvalidated);
+    end_and_discard(device, a, cudaErrorStreamCaptureInvalidated);
   }
   SECTION("an event of its own capture: a fork, allowed") {
     REQUIRE(device.begin_capture(c, mode) == cudaSuccess);
@@ -620,8 +622,8 @@ TEST_CASE("a capturing stream may not wait on an event captured by another captu
     CHECK(device.stream_wait_event(c, own) == cudaSuccess);
     end_and_discard(device, c, cudaSuccess);
     REQUIRE(device.event_destroy(own) == cudaSuccess);
+    CHECK(capture_status(device, a) == CaptureStatus::active);
+    end_and_discard(device, a, cudaSuccess);
   }
-  CHECK(capture_status(device, a) == CaptureStatus::active);
-  end_and_discard(device, a, cudaSuccess);
   REQUIRE(device.event_destroy(event) == cudaSuccess);
 }
