@@ -618,11 +618,8 @@ TEST_CASE("a drop with a recorded use when host memory runs out leaves no block 
           {
             Bytes x = Bytes::alloc_async(pool, bytes, a);
             x.record_stream(b);
-            fail_onward = onward;
-            fail_countdown = n;
+            const HostMemoryRunsOut out(n, onward);
             x.reset();
-            fail_countdown = 0;
-            fail_onward = false;
           }
           fake->complete_all();
           pool.trim(0);
@@ -676,11 +673,8 @@ TEST_CASE("a stranded block is not reused before the work that used it completed
             Bytes x = Bytes::alloc_async(pool, bytes, a);
             x.record_stream(b);
             fake->launch(b, {streampool::writes(x.data(), bytes)});  // pending
-            fail_onward = onward;
-            fail_countdown = n;
+            const HostMemoryRunsOut out(n, onward);
             x.reset();
-            fail_countdown = 0;
-            fail_onward = false;
           }
           {
             std::vector<Bytes> more;
