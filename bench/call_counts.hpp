@@ -15,6 +15,13 @@
 
 namespace streampool::bench {
 
+// The calls of one kind: the seam's name for it, how many, and the CPU time spent in them.
+struct DeviceCallCount {
+  std::string call;
+  std::uint64_t calls = 0;
+  std::uint64_t ns = 0;
+};
+
 class CallCounts : public ForwardingDevice {
  public:
   enum class Kind {
@@ -37,18 +44,13 @@ class CallCounts : public ForwardingDevice {
   }
 #include <streampool/device_calls.def>
 
-  struct Count {
-    std::string call;
-    std::uint64_t calls;
-    std::uint64_t ns;
-  };
   // The calls made so far, by kind, those never made left out.
-  std::vector<Count> counts() const {
+  std::vector<DeviceCallCount> counts() const {
     static const char* const names[] = {
 #define STREAMPOOL_DEVICE_CALL(name, params, args) #name,
 #include <streampool/device_calls.def>
     };
-    std::vector<Count> out;
+    std::vector<DeviceCallCount> out;
     for (std::size_t k = 0; k < kinds; ++k) {
       const std::uint64_t n = calls_[k].load(std::memory_order_relaxed);
       if (n != 0) out.push_back({names[k], n, ns_[k].load(std::memory_order_relaxed)});

@@ -78,6 +78,7 @@ struct Args {
   Inputs in;
   bool fake = false;
   bool raw = false;   // replay: through MemoryPool::allocate and deallocate
+  bool calls = false;  // replay: count the pool's device calls by kind
   std::string timeline;
   bool wide = false;
   std::size_t top = 10;
@@ -180,6 +181,7 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
     options.pool = settings.options;
     options.timeline_points = args.timeline.empty() ? 0 : timeline_stretches;
     options.raw = args.raw;
+    options.count_calls = args.calls;
     options.progress = progress_bar("replay " + trace.name);
     reports.push_back(replay(trace, target, options));
   }
@@ -205,6 +207,7 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
                      : "PooledBuffer, with record_stream for a block another stream used")
         << "\n\n";
     out << replay_table(reports).markdown();
+    if (args.calls) out << "\n" << device_calls_table(reports).markdown();
   }
   for (const auto& r : reports) {
     const auto plural = [](std::uint64_t n, std::string_view one, std::string_view many) {
@@ -410,6 +413,9 @@ int bench_main(std::vector<std::string> args, std::ostream& out, std::ostream& e
                        "through MemoryPool::allocate and deallocate (a free of a block another "
                        "stream used is a deallocate on that stream, as with cudaFreeAsync), not "
                        "PooledBuffer and record_stream");
+  replay_cmd->add_flag("--calls", a.calls,
+                       "count the pool's device calls of each kind, and on a GPU the time in "
+                       "them (each call then costs two clock reads more)");
   replay_cmd->add_option("--timeline", a.timeline,
                          "write the first trace's reserved and requested bytes over its events "
                          "as SVG (the folder must exist)")

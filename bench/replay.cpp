@@ -140,15 +140,20 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
   const std::uint64_t records_before = fake != nullptr ? fake->calls(FakeDevice::Call::event_record) : 0;
   const SizeClasses classes(pool_options.size_classes);
   Timeline timeline(options.timeline_points, trace.events.size());
-  // Only a timeline needs the reserved bytes after every event.
+  // The pool's device: the target's, under the call counter (--calls) and, only where a timeline
+  // needs the reserved bytes after every event, the watch.
+  std::shared_ptr<CallCounts> counts;
+  if (options.count_calls) counts = std::make_shared<CallCounts>(target.device);
+  std::shared_ptr<Device> device = counts ? std::shared_ptr<Device>(counts) : target.device;
   std::shared_ptr<ReservedWatch> watch;
-  if (timeline.on()) watch = std::make_shared<ReservedWatch>(target.device);
+  if (timeline.on()) watch = std::make_shared<ReservedWatch>(device);
+  if (watch) device = watch;
 
   std::vector<cudaStream_t> streams;
   for (std::size_t i = 0; i < trace.streams.size(); ++i) streams.push_back(target.create_stream());
   std::string failure;
   {
-    MemoryPool pool(watch ? std::shared_ptr<Device>(watch) : target.device, pool_options);
+    MemoryPool pool(device, pool_options);
     std::vector<PooledBuffer<std::byte>> live(trace.allocations);
     std::vector<void*> raw_live(trace.allocations, nullptr);  // options.raw
     std::vector<std::size_t> raw_bytes(trace.allocations, 0);
@@ -275,6 +280,10 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
     report.device_frees = pool.stats().device_frees;
   }
   for (cudaStream_t s : streams) target.destroy_stream(s);
+  if (counts) {
+    report.calls_counted = true;
+    report.device_calls = counts->counts();
+  }
   if (!failure.empty()) throw std::runtime_error(fmt::format("replay of {}: {}", trace.name, failure));
   report.timeline = timeline.points();
   report.events_recorded =

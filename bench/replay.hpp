@@ -1,6 +1,7 @@
 // Replaying a trace through a MemoryPool, on the fake device or a real one.
 #pragma once
 
+#include "call_counts.hpp"
 #include "trace.hpp"
 
 #include <streampool/device.hpp>
@@ -70,6 +71,11 @@ struct ReplayReport {
   std::uint64_t oom_retries = 0;
   std::uint64_t growth_waits = 0;  // PoolStats::growth_waits
   std::uint64_t failed_allocations = 0;
+  // With ReplayOptions::count_calls: the pool's device calls by kind (calls_counted true), from
+  // its construction to its destruction (the unmapping and freeing of its memory included), and
+  // the CPU time they took (only the calls before the replay's end count in `seconds`).
+  bool calls_counted = false;
+  std::vector<DeviceCallCount> device_calls;
   double seconds = 0;
   bool timed = false;  // seconds measured on a real device
   std::vector<TimelinePoint> timeline;
@@ -95,6 +101,9 @@ struct ReplayOptions {
   // Through the raw API (MemoryPool::allocate, deallocate) instead of PooledBuffer: a free of a
   // block another stream used is a deallocate on that stream (as with cudaFreeAsync).
   bool raw = false;
+  // Count the pool's device calls by kind (ReplayReport::device_calls). Each call then costs two
+  // clock reads more, which a timed replay's checked allocations (two driver calls each) feel.
+  bool count_calls = false;
 };
 
 // Replays every event in order, on the trace's streams (one stream per recorded stream) and

@@ -21,7 +21,7 @@ std::string human_bytes(std::uint64_t bytes) {
 }
 
 nlohmann::json replay_json(const ReplayReport& r) {
-  return {{"trace", r.trace},
+  nlohmann::json json = {{"trace", r.trace},
           {"target", r.target},
           {"config", r.config},
           {"raw", r.raw},
@@ -50,6 +50,14 @@ nlohmann::json replay_json(const ReplayReport& r) {
           {"seconds", r.seconds},
           {"timed", r.timed},
           {"ns_per_event", r.ns_per_event()}};
+  if (r.calls_counted) {
+    nlohmann::json calls = nlohmann::json::array();
+    for (const DeviceCallCount& c : r.device_calls) {
+      calls.push_back({{"call", c.call}, {"calls", c.calls}, {"ns", c.ns}});
+    }
+    json["device_calls"] = std::move(calls);
+  }
+  return json;
 }
 
 nlohmann::json table_json(const Table& table) {
@@ -92,6 +100,26 @@ Table replay_table(const std::vector<ReplayReport>& reports) {
          fmt::format("{:.1f}%", 100.0 * r.hit_rate()), fmt::format("{}", r.device_allocations),
          fmt::format("{}", r.fences), fmt::format("{}", r.cross_stream_reuses),
          r.timed ? fmt::format("{:.0f}", r.ns_per_event()) : std::string("n/a (fake)")});
+  }
+  return table;
+}
+
+Table device_calls_table(const std::vector<ReplayReport>& reports) {
+  Table table;
+  table.title = "Device calls";
+  table.note = "The pool's calls through its device seam (include/streampool/device_calls.def), "
+               "from its construction to its destruction, and the CPU time spent in them.";
+  table.header = {"trace", "call", "calls", "us in all", "us a call"};
+  table.label_columns = 2;
+  for (const ReplayReport& r : reports) {
+    if (!r.calls_counted) continue;
+    for (const DeviceCallCount& c : r.device_calls) {
+      const double us = double(c.ns) / 1e3;
+      table.rows.push_back(
+          {r.trace, c.call, fmt::format("{}", c.calls),
+           r.timed ? fmt::format("{:.1f}", us) : std::string("n/a (fake)"),
+           r.timed ? fmt::format("{:.2f}", us / double(c.calls)) : std::string("n/a (fake)")});
+    }
   }
   return table;
 }

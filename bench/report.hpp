@@ -25,6 +25,9 @@ std::string json_text(const nlohmann::json& json);
 
 // One row per report, failed allocations among the columns.
 Table replay_table(const std::vector<ReplayReport>& reports);
+// One row per kind of device call of each report that counted them (ReplayOptions::count_calls),
+// in the seam's order; the time in them only for timed replays.
+Table device_calls_table(const std::vector<ReplayReport>& reports);
 // The baseline's row first (rank "baseline"), then the best `top` rows (the baseline marked where
 // it ranks); each row's keys that differ from the baseline's, "(baseline)" for the baseline.
 Table tune_table(const std::vector<TuneRow>& rows, std::size_t top);

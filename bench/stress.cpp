@@ -388,9 +388,7 @@ StressResult run_one(const StressOptions& options, const std::string& conf, bool
                          since(now.arena, b.arena), since(now.growth, b.growth),
                          since(now.events, b.events)};
   }
-  for (const CallCounts::Count& c : counts->counts()) {
-    result.device_calls.push_back({c.call, c.calls, c.ns});
-  }
+  result.device_calls = counts->counts();
   result.buffers = buffers_now();
   result.failed_allocations = shared.failed_allocations.load();
   result.error_count = shared.error_count;
@@ -681,7 +679,7 @@ Table stress_table(const StressResult& r) {
   waits("growth lock", r.contention.growth);
   waits("event pool lock", r.contention.events);
   // What the pool asked of the device per buffer, and the mean CPU time of each call.
-  for (const StressResult::DeviceCalls& c : r.device_calls) {
+  for (const DeviceCallCount& c : r.device_calls) {
     row(fmt::format("{} calls per buffer (mean ns a call)", c.call),
         fmt::format("{:.3f} ({:.0f})", r.buffers ? double(c.calls) / double(r.buffers) : 0.0,
                     c.calls ? double(c.ns) / double(c.calls) : 0.0));

@@ -16,6 +16,7 @@
 // that tests can give them numbers directly.
 #pragma once
 
+#include "call_counts.hpp"
 #include "compare.hpp"
 
 #include <streampool/pool_stats.hpp>
@@ -138,12 +139,7 @@ struct StressResult {
   std::vector<StressSample> samples;
   // The device calls the pool made (through its device: the lanes' own calls are not counted),
   // and the CPU time they took.
-  struct DeviceCalls {
-    std::string call;
-    std::uint64_t calls = 0;
-    std::uint64_t ns = 0;
-  };
-  std::vector<DeviceCalls> device_calls;
+  std::vector<DeviceCallCount> device_calls;
   // The waits for the pool's locks during the run (lock_contention(): the process's, so one run
   // at a time).
   LockContention contention;
