@@ -348,3 +348,124 @@ TEST_CASE("probe a per-thread stream's global capture whose thread exits", "[.pr
   if (p != nullptr) cudaFree(p);
   cudaGetLastError();
 }
+
+// The legacy default stream synchronizes with every blocking stream: what does CUDA answer for
+// calls naming it while a blocking stream (cudaStreamPerThread, or one created without
+// cudaStreamNonBlocking) captures, and does the capture survive? A non-blocking capturing stream
+// is the control.
+TEST_CASE("probe the legacy stream while a blocking stream captures", "[.probe]") {
+  cudaStream_t blocking = nullptr;
+  cudaStream_t non_blocking = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t event = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(event, non_blocking) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(non_blocking) == cudaSuccess);
+  const struct {
+    cudaStream_t stream;
+    const char* name;
+  } capturing[] = {{cudaStreamPerThread, "per-thread"},
+                   {blocking, "blocking"},
+                   {non_blocking, "non-blocking"}};
+  const struct {
+    cudaStreamCaptureMode mode;
+    const char* name;
+  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
+               {cudaStreamCaptureModeThreadLocal, "thread-local"},
+               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  char what[160];
+  for (const auto& c : capturing) {
+    for (const auto& m : modes) {
+      const auto probe = [&](const char* call, auto&& run, bool other_thread = false) {
+        cudaStreamBeginCapture(c.stream, m.mode);
+        cudaError_t status = cudaErrorUnknown;
+        if (other_thread) {
+          std::thread([&] { status = run(); }).join();
+        } else {
+          status = run();
+        }
+        std::snprintf(what, sizeof what, "[%s, %s] %s", c.name, m.name, call);
+        report(what, status, c.stream);
+        report("  end capture", end(c.stream));
+        cudaStreamSynchronize(cudaStreamLegacy);
+        cudaGetLastError();
+      };
+      probe("cudaStreamGetCaptureInfo(legacy)", [] {
+        cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+        return cudaStreamGetCaptureInfo(cudaStreamLegacy, &s);
+      });
+      probe("cudaStreamIsCapturing(legacy)", [] {
+        cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+        return cudaStreamIsCapturing(cudaStreamLegacy, &s);
+      });
+      probe("cudaStreamQuery(legacy)", [] { return cudaStreamQuery(cudaStreamLegacy); });
+      probe("cudaEventRecord(event, legacy)",
+            [&] { return cudaEventRecord(event, cudaStreamLegacy); });
+      probe("cudaStreamWaitEvent(legacy, event)",
+            [&] { return cudaStreamWaitEvent(cudaStreamLegacy, event, 0); });
+      probe("cudaStreamSynchronize(legacy)",
+            [] { return cudaStreamSynchronize(cudaStreamLegacy); });
+      probe("launch on legacy", [] { return gpu_test::launch_noop(cudaStreamLegacy); });
+      probe("cudaEventRecord(event, legacy) from another thread",
+            [&] { return cudaEventRecord(event, cudaStreamLegacy); }, true);
+      probe("cudaStreamGetCaptureInfo(legacy) from another thread", [] {
+        cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+        return cudaStreamGetCaptureInfo(cudaStreamLegacy, &s);
+      }, true);
+    }
+  }
+  REQUIRE(cudaEventDestroy(event) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(blocking) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(non_blocking) == cudaSuccess);
+  SUCCEED("printed");
+}
+
+// A stream that waits on an event recorded in a capture joins that capture: what is it then
+// (its capture status and id), and what does ending the capture say while it has not rejoined?
+TEST_CASE("probe a stream that waits on a captured event", "[.probe]") {
+  cudaStream_t origin = nullptr;
+  cudaStream_t joined = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&joined, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t back = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&back, cudaEventDisableTiming) == cudaSuccess);
+  for (const auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed}) {
+    std::printf("probe: mode %s\n", mode == cudaStreamCaptureModeGlobal ? "global" : "relaxed");
+    REQUIRE(cudaStreamBeginCapture(origin, mode) == cudaSuccess);
+    report("cudaEventRecord(fork, origin)", cudaEventRecord(fork, origin), origin);
+    report("cudaStreamWaitEvent(joined, fork)", cudaStreamWaitEvent(joined, fork, 0), origin);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long origin_id = 0;
+    unsigned long long joined_id = 0;
+    cudaStreamGetCaptureInfo(origin, &status, &origin_id);
+    report("cudaStreamGetCaptureInfo(joined)", cudaStreamGetCaptureInfo(joined, &status, &joined_id),
+           joined);
+    std::printf("probe:   joined's status %s, same capture id as origin: %s\n",
+                status_name(status), joined_id == origin_id ? "yes" : "no");
+    report("launch on joined", gpu_test::launch_noop(joined), joined);
+    report("cudaStreamQuery(joined)", cudaStreamQuery(joined), origin);
+    report("end capture without rejoining", end(origin));
+    cudaStreamIsCapturing(joined, &status);
+    std::printf("probe:   joined's status after: %s\n", status_name(status));
+    report("cudaStreamSynchronize(joined)", cudaStreamSynchronize(joined));
+
+    REQUIRE(cudaStreamBeginCapture(origin, mode) == cudaSuccess);
+    cudaEventRecord(fork, origin);
+    cudaStreamWaitEvent(joined, fork, 0);
+    gpu_test::launch_noop(joined);
+    cudaEventRecord(back, joined);
+    cudaStreamWaitEvent(origin, back, 0);
+    report("end capture after rejoining", end(origin));
+    cudaStreamIsCapturing(joined, &status);
+    std::printf("probe:   joined's status after: %s\n", status_name(status));
+    cudaGetLastError();
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(back);
+  cudaStreamDestroy(origin);
+  cudaStreamDestroy(joined);
+  SUCCEED("printed");
+}
