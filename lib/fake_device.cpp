@@ -30,6 +30,7 @@
 // `completion_mutex` (recursive, for bodies that complete work themselves) serializes
 // completions, so bodies run in stream order even when several threads complete work at once.
 #include <streampool/fake_device.hpp>
+#include <streampool/error.hpp>
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -155,6 +156,9 @@ struct Stream {
   std::deque<Work> queue;
   std::optional<Capture> capture;
   bool destroyed = false;
+  // Synchronizes with the legacy default stream (cudaStreamPerThread's streams; those
+  // create_stream makes are non-blocking, as cudaStreamNonBlocking makes them).
+  bool blocking = false;
   // The front of `queue` is running: its body has started and not returned. It completes (and
   // `completed` moves) only once the body has returned, as a kernel's event completes only once
   // the kernel has finished.
@@ -420,6 +424,24 @@ struct FakeDevice::State {
     return cudaErrorCapturedEvent;
   }
 
+  // The legacy default stream synchronizes with every blocking stream, so while one of them
+  // captures (its capture active or invalidated, until it ends), CUDA refuses calls that name the
+  // legacy stream with cudaErrorStreamCaptureImplicit, in every mode and from any thread (seen on
+  // an H100): asking its capture status changes nothing, enqueueing on it (a record, a wait, a
+  // launch) or synchronizing it invalidates the blocking streams' captures.
+  bool implicit_dependency(const Stream& target) const {
+    if (target.id != legacy) return false;
+    return std::any_of(streams.begin(), streams.end(), [](const auto& entry) {
+      return entry.second.blocking && entry.second.capture.has_value();
+    });
+  }
+  cudaError_t refuse_implicit() {
+    for (auto& [id, stream] : streams) {
+      if (stream.blocking && stream.capture) stream.capture->invalidated = true;
+    }
+    return cudaErrorStreamCaptureImplicit;
+  }
+
   cudaError_t refuse_if_restricted() {
     bool refused = false;
     for (auto& [id, stream] : streams) {
@@ -449,7 +471,9 @@ struct FakeDevice::State {
     if (handle == cudaStreamPerThread) {
       auto it = per_thread_streams.ids.find(instance);
       if (it == per_thread_streams.ids.end()) {
-        it = per_thread_streams.ids.emplace(instance, new_stream().id).first;
+        Stream& made = new_stream();
+        made.blocking = true;
+        it = per_thread_streams.ids.emplace(instance, made.id).first;
       }
       return &streams.at(it->second);
     }
@@ -1183,6 +1207,11 @@ void FakeDevice::launch(cudaStream_t stream, const std::vector<Access>& accesses
   {
     std::lock_guard lock(s.mutex);
     Stream& target = s.control_stream(stream, "launch");
+    if (s.implicit_dependency(target)) {
+      throw Error(s.refuse_implicit(),
+                  "FakeDevice::launch on the legacy default stream while a blocking stream "
+                  "(cudaStreamPerThread) captures");
+    }
     const std::uint32_t label_id = s.label_id(label);
     if (target.capture) {
       // Work captured after the capture was invalidated is lost, as CUDA loses it.
@@ -1570,6 +1599,7 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   auto it = s.events.find(event);
   Stream* target = s.find_stream(stream);
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
+  if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
     if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
     it->second = Event{true, {}, target->capture->id, {}};
@@ -1621,6 +1651,7 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
   auto it = s.events.find(event);
   Stream* target = s.find_stream(stream);
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
+  if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
     // A capturing stream may wait on an event recorded in its own capture (fork and join); one
     // recorded outside any capture is refused and invalidates the capture, in every mode (seen on
@@ -1652,6 +1683,7 @@ cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
     if (cudaError_t e = s.enter(Call::stream_synchronize); e != cudaSuccess) return e;
     Stream* target = s.find_stream(stream);
     if (target == nullptr) return cudaErrorInvalidResourceHandle;
+    if (s.implicit_dependency(*target)) return s.refuse_implicit();
     if (target->capture) {  // every mode, seen on the H200
       target->capture->invalidated = true;
       return cudaErrorStreamCaptureUnsupported;
@@ -1712,6 +1744,7 @@ cudaError_t FakeDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   if (cudaError_t e = s.enter(Call::capture_info); e != cudaSuccess) return e;
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
+  if (s.implicit_dependency(*target)) return cudaErrorStreamCaptureImplicit;  // nothing changes
   const std::optional<Capture>& capture = target->capture;
   *status = !capture               ? CaptureStatus::none
             : capture->invalidated ? CaptureStatus::invalidated

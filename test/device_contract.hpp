@@ -454,6 +454,80 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  // The legacy default stream synchronizes with every blocking stream, cudaStreamPerThread
+  // among them: while one captures, a call naming the legacy stream would make it depend on the
+  // capture. CUDA refuses it with cudaErrorStreamCaptureImplicit in every mode, from any thread;
+  // asking the legacy stream's capture status leaves the capture as it was, enqueueing on it
+  // (a record, a wait) or synchronizing it invalidates the capture (seen on an H100, 2026-12-06).
+  // A capturing non-blocking stream (the harness's) restricts the legacy stream no more than
+  // any other.
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("calls naming the legacy stream while cudaStreamPerThread captures in "
+                    << contract::mode_name(mode) << " mode are refused as implicit dependencies") {
+      cudaEvent_t event = nullptr;
+      REQUIRE(device.event_create(&event) == cudaSuccess);
+      REQUIRE(device.event_record(event, stream) == cudaSuccess);
+      REQUIRE(device.stream_synchronize(stream) == cudaSuccess);
+      const auto legacy_status = [&](cudaError_t* error) {
+        CaptureStatus status = CaptureStatus::none;
+        *error = device.capture_info(cudaStreamLegacy, &status, nullptr);
+        return status;
+      };
+      // Each call in a capture of its own, ended before any check.
+      REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+      cudaError_t asked = cudaSuccess;
+      legacy_status(&asked);
+      cudaError_t asked_elsewhere = cudaSuccess;
+      std::thread([&] { legacy_status(&asked_elsewhere); }).join();
+      const CaptureStatus after_asking = status_of(device, cudaStreamPerThread);
+      const cudaError_t ended_after_asking = end_and_discard(device, cudaStreamPerThread);
+
+      REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+      const cudaError_t recorded = device.event_record(event, cudaStreamLegacy);
+      const CaptureStatus after_record = status_of(device, cudaStreamPerThread);
+      const cudaError_t ended_after_record = end_and_discard(device, cudaStreamPerThread);
+
+      REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+      cudaError_t recorded_elsewhere = cudaSuccess;
+      std::thread([&] { recorded_elsewhere = device.event_record(event, cudaStreamLegacy); }).join();
+      const cudaError_t ended_after_record_elsewhere = end_and_discard(device, cudaStreamPerThread);
+
+      REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+      const cudaError_t waited = device.stream_wait_event(cudaStreamLegacy, event);
+      const cudaError_t ended_after_wait = end_and_discard(device, cudaStreamPerThread);
+
+      REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+      const cudaError_t synchronized = device.stream_synchronize(cudaStreamLegacy);
+      const cudaError_t ended_after_synchronize = end_and_discard(device, cudaStreamPerThread);
+
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      cudaError_t asked_beside_non_blocking = cudaErrorUnknown;
+      const CaptureStatus legacy_beside_non_blocking = legacy_status(&asked_beside_non_blocking);
+      const cudaError_t recorded_beside_non_blocking = device.event_record(event, cudaStreamLegacy);
+      const cudaError_t ended_non_blocking = end_and_discard(device, stream);
+
+      CHECK(asked == cudaErrorStreamCaptureImplicit);
+      CHECK(asked_elsewhere == cudaErrorStreamCaptureImplicit);
+      CHECK(after_asking == CaptureStatus::active);
+      CHECK(ended_after_asking == cudaSuccess);
+      CHECK(recorded == cudaErrorStreamCaptureImplicit);
+      CHECK(after_record == CaptureStatus::invalidated);
+      CHECK(ended_after_record == cudaErrorStreamCaptureInvalidated);
+      CHECK(recorded_elsewhere == cudaErrorStreamCaptureImplicit);
+      CHECK(ended_after_record_elsewhere == cudaErrorStreamCaptureInvalidated);
+      CHECK(waited == cudaErrorStreamCaptureImplicit);
+      CHECK(ended_after_wait == cudaErrorStreamCaptureInvalidated);
+      CHECK(synchronized == cudaErrorStreamCaptureImplicit);
+      CHECK(ended_after_synchronize == cudaErrorStreamCaptureInvalidated);
+      CHECK(asked_beside_non_blocking == cudaSuccess);
+      CHECK(legacy_beside_non_blocking == CaptureStatus::none);
+      CHECK(recorded_beside_non_blocking == cudaSuccess);
+      CHECK(ended_non_blocking == cudaSuccess);
+      REQUIRE(device.stream_synchronize(cudaStreamLegacy) == cudaSuccess);
+      REQUIRE(device.event_destroy(event) == cudaSuccess);
+    }
+  }
+
   SECTION("the legacy default stream cannot be captured") {
     REQUIRE(device.begin_capture(cudaStreamLegacy, CaptureMode::global) ==
             cudaErrorStreamCaptureUnsupported);

@@ -3,6 +3,8 @@
 // and when a user object's destructor runs.
 #include "fake_helpers.hpp"
 
+#include <streampool/error.hpp>
+
 #include <atomic>
 #include <optional>
 
@@ -626,4 +628,36 @@ TEST_CASE("a capturing stream may not wait on an event captured by another captu
     end_and_discard(device, a, cudaSuccess);
   }
   REQUIRE(device.event_destroy(event) == cudaSuccess);
+}
+
+// Seen on an H100 (test/gpu/probes.cpp, "probe the legacy stream while a blocking stream
+// captures"): a launch on the legacy default stream while a blocking stream captures fails with
+// cudaErrorStreamCaptureImplicit and invalidates the capture, in every mode and from any thread.
+// The fake's launch is a control and returns nothing, so it throws what FakeStreamOps passes on.
+TEST_CASE("a launch on the legacy stream while cudaStreamPerThread captures throws and "
+          "invalidates the capture", "[fake][capture]") {
+  for (const CaptureMode mode : all_modes) {
+    CAPTURE(static_cast<int>(mode));
+    FakeDevice device;
+    std::vector<int> log;
+    REQUIRE(device.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+    try {
+      device.launch(cudaStreamLegacy, {}, note(log, 1));
+      FAIL("the launch was accepted");
+    } catch (const streampool::Error& e) {
+      CHECK(e.cuda_error() == cudaErrorStreamCaptureImplicit);
+    }
+    CaptureStatus status = CaptureStatus::none;
+    REQUIRE(device.capture_info(cudaStreamPerThread, &status, nullptr) == cudaSuccess);
+    CHECK(status == CaptureStatus::invalidated);
+    end_and_discard(device, cudaStreamPerThread, cudaErrorStreamCaptureInvalidated);
+    // Once the capture has ended the legacy stream takes work again, and a stream that is not
+    // blocking never restricted it.
+    cudaStream_t other = device.create_stream();
+    REQUIRE(device.begin_capture(other, mode) == cudaSuccess);
+    device.launch(cudaStreamLegacy, {}, note(log, 2));
+    end_and_discard(device, other, cudaSuccess);
+    device.complete_all();
+    CHECK(log == std::vector<int>{2});
+  }
 }

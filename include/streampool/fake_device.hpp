@@ -45,9 +45,13 @@
 //
 // Streams are identified as in CUDA: handles of destroyed streams are reused at once by the next
 // create_stream(); stream ids never are. cudaStreamPerThread names a different stream in each
-// thread; 0 and cudaStreamLegacy name the legacy default stream. Not simulated: the legacy default
-// stream's implicit synchronization with blocking streams (the fake treats every stream as
-// independent, which can only report more hazards, never fewer), timing, a current device and
+// thread, a blocking one; create_stream() makes non-blocking streams (as cudaStreamNonBlocking
+// does); 0 and cudaStreamLegacy name the legacy default stream. While a blocking stream captures,
+// calls naming the legacy stream are refused with cudaErrorStreamCaptureImplicit, as CUDA refuses
+// them (a record, a wait, a synchronize or a launch on it also invalidates the capture). Not
+// simulated: the legacy default stream's implicit synchronization with blocking streams (the
+// fake orders it with no other stream, which can only report more hazards, never fewer), timing,
+// a current device and
 // peer access (each fake is one device of its ordinal, and nothing more), and streams joining a
 // capture through events recorded in it (a capture covers one stream).
 //
@@ -164,6 +168,9 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // completes work, and work of its own stream or waiting for it cannot complete inside it: a
   // synchronize there that waits for it returns cudaErrorNotPermitted.
   // `label` says in hazard messages where the work was enqueued (a kernel's name, say).
+  // On the legacy default stream while a blocking stream (cudaStreamPerThread) captures, it
+  // throws streampool::Error with cudaErrorStreamCaptureImplicit and invalidates that capture,
+  // as CUDA refuses such a launch.
   void launch(cudaStream_t stream, std::initializer_list<Access> accesses = {},
               std::function<void()> body = {}, std::string_view label = {});
   void launch(cudaStream_t stream, const std::vector<Access>& accesses,

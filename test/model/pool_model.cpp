@@ -389,6 +389,9 @@ class Model {
   void domain_note(int pool, int slot);
   void launch_ordinary(Buffer& b, int slot, bool write);
   bool usable_now(const Buffer& b) const;
+  bool legacy_refused() const;
+  bool uses_refused_legacy(const Buffer& b) const;
+  bool idle_now(int slot) const;
   CaptureStatus status_of(int slot);
 
   // --- pool calls -----------------------------------------------------------------------------
@@ -729,9 +732,33 @@ void Model::domain_note(int pool, int slot) {
   pools_[static_cast<std::size_t>(pool)].domain[{slot, s.generation}] = event;
 }
 
+// While a per-thread stream (a blocking one) captures, CUDA refuses every call naming the legacy
+// stream (cudaErrorStreamCaptureImplicit), and a record or wait there invalidates the capture:
+// the model's own work stays off the legacy stream meanwhile, and the pool's answers for it are
+// judged as refusals.
+bool Model::legacy_refused() const {
+  return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
+    return s.kind == Slot::Kind::per_thread && s.capture >= 0;
+  });
+}
+
+// Whether the buffer was used on the legacy stream while CUDA refuses it: noting its uses in a
+// CapturePool's domain would record an event there.
+bool Model::uses_refused_legacy(const Buffer& b) const {
+  return legacy_refused() && std::any_of(b.uses.begin(), b.uses.end(), [&](int u) {
+           return slots_[static_cast<std::size_t>(u)].kind == Slot::Kind::legacy;
+         });
+}
+
+// Whether the model may enqueue work on `slot`, record an event or wait there: alive, not
+// capturing, and not the legacy stream while CUDA refuses it.
+bool Model::idle_now(int slot) const {
+  const Slot& s = slots_[static_cast<std::size_t>(slot)];
+  return s.alive && s.capture < 0 && !(s.kind == Slot::Kind::legacy && legacy_refused());
+}
+
 bool Model::usable_now(const Buffer& b) const {
-  return std::none_of(b.uses.begin(), b.uses.end(),
-                      [&](int u) { return slots_[static_cast<std::size_t>(u)].capture >= 0; });
+  return std::all_of(b.uses.begin(), b.uses.end(), [&](int u) { return idle_now(u); });
 }
 
 // Work on `slot` (not capturing) that reads or writes the buffer, ordered after every earlier use.
@@ -922,6 +949,14 @@ void Model::judge_alloc_error(const std::error_code& error, int slot, int thread
   }
   const auto code = static_cast<Errc>(error.value());
   const Slot& s = slots_[static_cast<std::size_t>(slot)];
+  if (s.kind == Slot::Kind::legacy && legacy_refused()) {
+    // CUDA's refusal of the status query, passed on (Failure::of: device_error).
+    if (code != Errc::device_error) {
+      fail("unexpected error", "an allocation on the legacy stream while a per-thread stream "
+                               "captures failed with " + error_text(error));
+    }
+    return;
+  }
   if (s.capture >= 0) {
     const PoolSlot& p = pools_[static_cast<std::size_t>(s.capture)];
     if (p.sealed) {
@@ -971,6 +1006,9 @@ void Model::judge_alloc_error(const std::error_code& error, int slot, int thread
 void Model::op_drop() {
   const int i = pick(static_cast<int>(buffers_.size()), [&](int k) {
     const Buffer& b = buffers_[static_cast<std::size_t>(k)];
+    // A buffer of a CapturePool's domain: its drop notes its uses with events on their streams
+    // (domain_note), which the legacy stream cannot take while CUDA refuses it.
+    if (b.pool >= 0 && uses_refused_legacy(b)) return false;
     return !b.is_raw() || slots_[static_cast<std::size_t>(b.slot)].capture < 0 ||
            allowed("free_captured");
   });
@@ -1025,8 +1063,7 @@ void Model::op_free_elsewhere() {
   if (i < 0) return;
   Buffer& b = buffers_[static_cast<std::size_t>(i)];
   const int to = pick(static_cast<int>(slots_.size()), [&](int k) {
-    const Slot& s = slots_[static_cast<std::size_t>(k)];
-    return k != b.slot && s.alive && s.capture < 0;
+    return k != b.slot && idle_now(k);
   });
   if (to < 0) return;
   // The caller's side of cudaFreeAsync on another stream: that stream follows every use (and,
@@ -1068,8 +1105,7 @@ void Model::op_record_stream() {
   }
   if (!usable_now(b)) return;
   const int other = pick(static_cast<int>(slots_.size()), [&](int k) {
-    const Slot& s = slots_[static_cast<std::size_t>(k)];
-    return k != b.slot && s.alive && s.capture < 0;
+    return k != b.slot && idle_now(k);
   });
   if (other < 0) return;
   const bool record_first = src_.one_in(2);
@@ -1118,6 +1154,7 @@ void Model::op_launch() {
     const bool own_piece = b.private_piece && b.pool == p;
     const bool shared = !b.private_piece && !b.is_raw() && (b.pool < 0 || b.pool == p);
     if (slot != b.slot || !(own_piece || shared)) return;
+    if (shared && b.pool < 0 && uses_refused_legacy(b)) return;
     if (shared && b.pool < 0) {
       b.pool = p;
       for (int u : b.uses) domain_note(p, u);
@@ -1166,7 +1203,8 @@ void Model::release_stream(int slot, int thread) {
   } catch (const std::exception& e) {
     note(fmt::format("release_stream {} threw: {}", name(slot), e.what()));
     // The contract says nothing of a capturing stream; a fault may surface here.
-    if (!fault_in_op_ && s.capture < 0) {
+    const bool refused = s.kind == Slot::Kind::legacy && legacy_refused();
+    if (!fault_in_op_ && s.capture < 0 && !refused) {
       fail("unexpected exception", fmt::format("release_stream threw: {}", e.what()));
     }
   }
@@ -1226,6 +1264,7 @@ void Model::op_stream_destroy() {
       note(fmt::format("keep {}: b{} is needed by a capture", name(slot), b.id));
       return;
     }
+    if (b.pool >= 0 && uses_refused_legacy(b)) return;  // its drop could not be noted (op_drop)
   }
   for (std::size_t i = buffers_.size(); i-- > 0;) {
     const Buffer& b = buffers_[i];
@@ -1459,10 +1498,7 @@ void Model::op_capture_misuse() {
 void Model::op_graph_launch() {
   const int g = pick(static_cast<int>(graphs_.size()), [](int) { return true; });
   if (g < 0) return;
-  const int slot = pick(static_cast<int>(slots_.size()), [&](int k) {
-    const Slot& s = slots_[static_cast<std::size_t>(k)];
-    return s.alive && s.capture < 0;
-  });
+  const int slot = pick(static_cast<int>(slots_.size()), [&](int k) { return idle_now(k); });
   if (slot < 0) return;
   GraphSlot& graph = graphs_[static_cast<std::size_t>(g)];
   domain_wait(graph.pool, slot);
@@ -1658,8 +1694,7 @@ void Model::op_scratch_pool() {
   // Another MemoryPool on the same device, made, used and destroyed: it must leave the device
   // (and any capture under way) as it found them.
   const int slot = pick(static_cast<int>(slots_.size()), [&](int k) {
-    const Slot& s = slots_[static_cast<std::size_t>(k)];
-    return s.alive && s.capture < 0 && thread_of(s) == 0;
+    return idle_now(k) && thread_of(slots_[static_cast<std::size_t>(k)]) == 0;
   });
   if (slot < 0) return;
   const std::size_t before = fake_->live_bytes();

@@ -1,0 +1,118 @@
+// The legacy default stream while a blocking stream (cudaStreamPerThread) captures: CUDA refuses
+// every call naming the legacy stream with cudaErrorStreamCaptureImplicit, and those that enqueue
+// on it (an event record, a wait) invalidate the capture as well (seen on an H100, 2026-12-06;
+// the device contract's case). A pool serving a buffer of the legacy stream then may not ask
+// that stream anything it cannot answer by failing the request, and may not invalidate a
+// capture it has no part in, however the buffer comes back.
+#include "fake_helpers.hpp"
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/error.hpp>
+
+#include <thread>
+
+using fake_test::end_and_discard;
+using streampool::CaptureMode;
+using streampool::CaptureStatus;
+using streampool::FakeDevice;
+using streampool::PooledBuffer;
+using Bytes = PooledBuffer<std::byte>;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+CaptureStatus status_of(FakeDevice& fake, cudaStream_t stream) {
+  CaptureStatus status = CaptureStatus::none;
+  REQUIRE(fake.capture_info(stream, &status, nullptr) == cudaSuccess);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("an allocation on the legacy stream while cudaStreamPerThread captures fails with "
+          "CUDA's error and leaves the capture active") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  REQUIRE(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  std::error_code error;
+  void* ptr = pool->try_allocate(4 * KiB, cudaStreamLegacy, error);
+  cudaError_t thrown = cudaSuccess;
+  try {
+    auto buffer = Bytes::alloc_async(*pool, 3 * MiB, cudaStreamLegacy);
+  } catch (const streampool::Error& e) {
+    thrown = e.cuda_error();
+  }
+  const CaptureStatus during = status_of(fake, cudaStreamPerThread);
+  end_and_discard(fake, cudaStreamPerThread, cudaSuccess);
+  CHECK(ptr == nullptr);
+  CHECK(error == streampool::Errc::device_error);
+  CHECK(thrown == cudaErrorStreamCaptureImplicit);
+  CHECK(during == CaptureStatus::active);
+  // Once the capture has ended the legacy stream is served again.
+  auto again = Bytes::alloc_async(*pool, 4 * KiB, cudaStreamLegacy);
+  CHECK(again.data() != nullptr);
+}
+
+// A buffer of the legacy stream, in use there, dropped (and freed through the raw API) while this
+// thread's per-thread stream captures: the drop has no way to fence the legacy stream now. It
+// must neither invalidate the capture nor let another stream have the memory before the legacy
+// stream's work is done; once the capture ends the memory comes back.
+TEST_CASE("a legacy stream's block dropped while cudaStreamPerThread captures leaves the capture "
+          "alone and reaches no other stream early") {
+  const std::size_t bytes = GENERATE(std::size_t{4 * KiB}, std::size_t{3 * MiB});
+  const bool raw = GENERATE(false, true);
+  const CaptureMode mode =
+      GENERATE(CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed);
+  CAPTURE(bytes, raw, static_cast<int>(mode));
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = GENERATE(false, true);
+  CAPTURE(options.fence_every_free);
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  // A second stream seen, so that drops are fenced rather than kept for the stream alone.
+  { auto seen = Bytes::alloc_async(*pool, bytes, other); }
+
+  Bytes buffer;
+  void* raw_ptr = nullptr;
+  void* at = nullptr;
+  if (raw) {
+    raw_ptr = pool->allocate(bytes, cudaStreamLegacy);
+    at = raw_ptr;
+  } else {
+    buffer = Bytes::alloc_async(*pool, bytes, cudaStreamLegacy);
+    at = buffer.data();
+  }
+  fake.launch(cudaStreamLegacy, {{at, bytes, true}});  // stays pending
+
+  REQUIRE(fake.begin_capture(cudaStreamPerThread, mode) == cudaSuccess);
+  if (raw) {
+    pool->deallocate(raw_ptr, bytes, cudaStreamLegacy);
+  } else {
+    buffer.reset();
+  }
+  const CaptureStatus during = status_of(fake, cudaStreamPerThread);
+  end_and_discard(fake, cudaStreamPerThread, during == CaptureStatus::active
+                                                  ? cudaSuccess
+                                                  : cudaErrorStreamCaptureInvalidated);
+  CHECK(during == CaptureStatus::active);
+
+  // The legacy stream's write is still pending: another stream's allocation of the same size
+  // must not get its memory (the fake reports the overlap if it does).
+  auto next = Bytes::alloc_async(*pool, bytes, other);
+  fake.launch(other, {{next.data(), bytes, true}});
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  next.reset();
+  fake.complete_all();
+  REQUIRE(fake.stream_synchronize(other) == cudaSuccess);
+  // Nothing is lost: with all work done, a trim (a device synchronize) leaves no block waiting.
+  pool->trim();
+  const streampool::PoolBreakdown parts = pool->breakdown();
+  CHECK(parts.parked_blocks == 0);
+  CHECK(parts.stranded_blocks == 0);
+  CHECK(pool->stats().live_allocations.current == 0);
+}
