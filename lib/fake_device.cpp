@@ -41,6 +41,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -136,12 +137,24 @@ struct Work {
   std::function<void()> body;
 };
 
+// One capture sequence, shared by the stream that began it (`origin`) and every stream that
+// joined it by waiting on an event recorded in it (each Stream::capture points here).
 struct Capture {
   CaptureId id = 0;
   CaptureMode mode = CaptureMode::global;
   std::thread::id thread;
   bool invalidated = false;
-  std::vector<Item> items;
+  std::vector<Item> items;  // the graph's work, every member's in launch order
+  StreamId origin = 0;
+  // The streams that joined, each with whether it has been joined back: another member waited,
+  // after the joined stream's last captured work, on an event recorded there. CUDA ends a
+  // capture only once all have (cudaErrorStreamCaptureUnjoined otherwise).
+  std::map<StreamId, bool> joined;
+  std::map<StreamId, std::uint64_t> work;  // each member's captured work so far
+  void captured_on(StreamId member) {
+    ++work[member];
+    if (auto it = joined.find(member); it != joined.end()) it->second = false;
+  }
 };
 
 struct Stream {
@@ -154,7 +167,7 @@ struct Stream {
   Clock order;
   std::uint64_t host_seen = 0;
   std::deque<Work> queue;
-  std::optional<Capture> capture;
+  std::shared_ptr<Capture> capture;  // the capture it is in, begun here or joined
   bool destroyed = false;
   // Synchronizes with the legacy default stream (cudaStreamPerThread's streams; those
   // create_stream makes are non-blocking, as cudaStreamNonBlocking makes them).
@@ -170,6 +183,9 @@ struct Event {
   Clock covers;  // empty when never recorded: such an event is complete
   CaptureId capture = 0;  // the capture it was last recorded in, when `captured`
   Clock order;  // Stream::order of its stream at the record, that stream's own work included
+  // When `captured`: the stream it was recorded on, and that stream's captured work then.
+  StreamId captured_on = 0;
+  std::uint64_t captured_after = 0;
 };
 
 struct Allocation {
@@ -432,7 +448,7 @@ struct FakeDevice::State {
   bool implicit_dependency(const Stream& target) const {
     if (target.id != legacy) return false;
     return std::any_of(streams.begin(), streams.end(), [](const auto& entry) {
-      return entry.second.blocking && entry.second.capture.has_value();
+      return entry.second.blocking && entry.second.capture != nullptr;
     });
   }
   cudaError_t refuse_implicit() {
@@ -440,6 +456,14 @@ struct FakeDevice::State {
       if (stream.blocking && stream.capture) stream.capture->invalidated = true;
     }
     return cudaErrorStreamCaptureImplicit;
+  }
+
+  // Every stream of the capture leaves it (its origin and the streams that joined).
+  void leave_capture(const std::shared_ptr<Capture>& capture) {
+    const std::shared_ptr<Capture> keep = capture;  // may be one of the members' own pointer
+    for (auto& [id, stream] : streams) {
+      if (stream.capture == keep) stream.capture.reset();
+    }
   }
 
   cudaError_t refuse_if_restricted() {
@@ -1134,7 +1158,9 @@ FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(options
   live.end_capture.emplace(state_->instance, [state = state_.get()](StreamId id) {
     std::lock_guard lock(state->mutex);
     const auto stream = state->streams.find(id);
-    if (stream != state->streams.end()) stream->second.capture.reset();
+    if (stream != state->streams.end() && stream->second.capture) {
+      state->leave_capture(stream->second.capture);
+    }
   });
 }
 
@@ -1217,6 +1243,7 @@ void FakeDevice::launch(cudaStream_t stream, const std::vector<Access>& accesses
       // Work captured after the capture was invalidated is lost, as CUDA loses it.
       if (!target.capture->invalidated) {
         target.capture->items.push_back({accesses, std::move(body), label_id});
+        target.capture->captured_on(target.id);
       }
       return;
     }
@@ -1602,7 +1629,8 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
     if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
-    it->second = Event{true, {}, target->capture->id, {}};
+    it->second = Event{true, {}, target->capture->id, {}, target->id,
+                       target->capture->work[target->id]};
     return cudaSuccess;
   }
   it->second = Event{false, s.snapshot(*target), 0, {}};
@@ -1640,10 +1668,10 @@ cudaError_t FakeDevice::event_synchronize(cudaEvent_t event) noexcept {
 
 // --- the seam: streams ------------------------------------------------------------------------
 
-// On a capturing stream, waiting on an event recorded in a capture is a fork or join inside the
-// graph (the fake does not simulate streams joining a capture: it adds nothing); waiting on one
-// recorded outside is refused (below). Waiting on a captured event from a stream that is not
-// capturing would make the stream join the capture, which the fake does not simulate either.
+// On a capturing stream, waiting on an event recorded in its own capture is a fork or join inside
+// the graph (the fake keeps the graph's work in launch order, not as a graph of dependencies);
+// waiting on one recorded outside, or in another capture, is refused (below). A stream that is
+// not capturing and waits on an event recorded in a capture under way joins that capture.
 cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event) noexcept {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
@@ -1657,13 +1685,36 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
     // recorded outside any capture is refused and invalidates the capture, in every mode (seen on
     // the H200); one recorded in another capture would merge two captures, which CUDA refuses
     // and invalidates both (seen on an H100, 2026-12-06).
-    if (it->second.captured && it->second.capture == target->capture->id) return cudaSuccess;
+    const Event& awaited = it->second;
+    if (awaited.captured && awaited.capture == target->capture->id) {
+      // A join inside the graph; one that follows a joined stream's last captured work joins
+      // that stream back.
+      Capture& capture = *target->capture;
+      const auto member = capture.joined.find(awaited.captured_on);
+      if (member != capture.joined.end() && awaited.captured_on != target->id &&
+          awaited.captured_after == capture.work[awaited.captured_on]) {
+        member->second = true;
+      }
+      return cudaSuccess;
+    }
     target->capture->invalidated = true;
     if (!it->second.captured) return cudaErrorStreamCaptureIsolation;
     for (auto& [id, other] : s.streams) {
       if (other.capture && other.capture->id == it->second.capture) other.capture->invalidated = true;
     }
     return cudaErrorStreamCaptureMerge;
+  }
+  if (it->second.captured && target->id != s.legacy) {
+    // An event recorded in a capture still under way: the stream joins that capture (seen on an
+    // H100: it reports the capture's status and id, and its work is captured from now on), and
+    // the capture cannot end until the stream is joined back.
+    for (auto& [id, member] : s.streams) {
+      if (member.capture && member.capture->id == it->second.capture) {
+        target->capture = member.capture;
+        target->capture->joined[target->id] = false;
+        return cudaSuccess;
+      }
+    }
   }
   for (const auto& [other, seq] : it->second.covers) {
     if (other == target->id) continue;  // stream order already covers it
@@ -1745,7 +1796,7 @@ cudaError_t FakeDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (s.implicit_dependency(*target)) return cudaErrorStreamCaptureImplicit;  // nothing changes
-  const std::optional<Capture>& capture = target->capture;
+  const std::shared_ptr<Capture>& capture = target->capture;
   *status = !capture               ? CaptureStatus::none
             : capture->invalidated ? CaptureStatus::invalidated
                                    : CaptureStatus::active;
@@ -1763,8 +1814,11 @@ cudaError_t FakeDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noe
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) return cudaErrorIllegalState;
-  target->capture =
-      Capture{next_capture_id.fetch_add(1), mode, std::this_thread::get_id(), false, {}};
+  target->capture = std::make_shared<Capture>();
+  target->capture->id = next_capture_id.fetch_add(1);
+  target->capture->mode = mode;
+  target->capture->thread = std::this_thread::get_id();
+  target->capture->origin = target->id;
   return cudaSuccess;
 }
 
@@ -1775,21 +1829,28 @@ cudaError_t FakeDevice::end_capture(cudaStream_t stream, cudaGraph_t* graph) noe
   Stream* target = s.find_stream(stream);
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (!target->capture) return cudaErrorIllegalState;
-  Capture& capture = *target->capture;
+  const std::shared_ptr<Capture> ending = target->capture;
+  Capture& capture = *ending;
+  *graph = nullptr;
+  if (capture.origin != target->id) {
+    // A stream that joined the capture cannot end it: refused, and the capture is invalidated.
+    capture.invalidated = true;
+    return cudaErrorStreamCaptureUnmatched;
+  }
   if (capture.mode != CaptureMode::relaxed && capture.thread != std::this_thread::get_id()) {
     // Refused, and the capture is over: seen on the H200, the stream leaves capture.
-    target->capture.reset();
-    *graph = nullptr;
+    s.leave_capture(ending);
     return cudaErrorStreamCaptureWrongThread;
   }
-  if (capture.invalidated) {
-    target->capture.reset();
-    *graph = nullptr;
-    return cudaErrorStreamCaptureInvalidated;
+  s.leave_capture(ending);
+  if (capture.invalidated) return cudaErrorStreamCaptureInvalidated;
+  // A stream that joined and was not joined back: CUDA makes no graph of a fork left open.
+  if (std::any_of(capture.joined.begin(), capture.joined.end(),
+                  [](const auto& member) { return !member.second; })) {
+    return cudaErrorStreamCaptureUnjoined;
   }
   const auto handle = s.new_object_handle<cudaGraph_t>();
   s.graphs.emplace(handle, Graph{std::move(capture.items), {}});
-  target->capture.reset();
   *graph = handle;
   return cudaSuccess;
 }
@@ -1830,6 +1891,7 @@ cudaError_t FakeDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) 
       if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
       auto& items = target->capture->items;
       items.insert(items.end(), executable.items.begin(), executable.items.end());
+      target->capture->captured_on(target->id);
       ++executable.launches;
       return cudaSuccess;
     }

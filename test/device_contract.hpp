@@ -426,6 +426,85 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  // A stream that waits on an event recorded in a capture joins that capture: it reports the
+  // capture's status and id, its work is captured, and the capture ends only once the joined
+  // stream is joined back (the stream that began it waits on an event recorded on the joined
+  // stream after its work); only the stream that began a capture may end it (seen on an H100,
+  // 2026-12-06).
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
+    DYNAMIC_SECTION("a stream waiting on an event of a " << contract::mode_name(mode)
+                                                          << " capture joins it") {
+      cudaStream_t joined = h.create_stream();
+      cudaEvent_t fork = nullptr;
+      cudaEvent_t back = nullptr;
+      REQUIRE(device.event_create(&fork) == cudaSuccess);
+      REQUIRE(device.event_create(&back) == cudaSuccess);
+
+      // Joined and joined back: one graph, and both streams leave the capture.
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.event_record(fork, stream) == cudaSuccess);
+      const cudaError_t waited = device.stream_wait_event(joined, fork);
+      CaptureStatus origin_status = CaptureStatus::none;
+      CaptureId origin_id = 0;
+      CaptureStatus joined_status = CaptureStatus::none;
+      CaptureId joined_id = 0;
+      const cudaError_t asked_origin = device.capture_info(stream, &origin_status, &origin_id);
+      const cudaError_t asked_joined = device.capture_info(joined, &joined_status, &joined_id);
+      h.launch_short(joined);
+      REQUIRE(device.event_record(back, joined) == cudaSuccess);
+      REQUIRE(device.stream_wait_event(stream, back) == cudaSuccess);
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ended = device.end_capture(stream, &graph);
+      if (graph != nullptr) REQUIRE(device.graph_destroy(graph) == cudaSuccess);
+      const CaptureStatus joined_after = status_of(device, joined);
+
+      // Not joined back: no graph, and both leave the capture.
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      REQUIRE(device.event_record(fork, stream) == cudaSuccess);
+      REQUIRE(device.stream_wait_event(joined, fork) == cudaSuccess);
+      h.launch_short(joined);
+      const cudaError_t ended_unjoined = end_and_discard(device, stream);
+      const CaptureStatus origin_after_unjoined = status_of(device, stream);
+      const CaptureStatus joined_after_unjoined = status_of(device, joined);
+
+      CHECK(waited == cudaSuccess);
+      CHECK(asked_origin == cudaSuccess);
+      CHECK(asked_joined == cudaSuccess);
+      CHECK(origin_status == CaptureStatus::active);
+      CHECK(joined_status == CaptureStatus::active);
+      CHECK(joined_id == origin_id);
+      CHECK(ended == cudaSuccess);
+      CHECK(graph != nullptr);
+      CHECK(joined_after == CaptureStatus::none);
+      CHECK(ended_unjoined == cudaErrorStreamCaptureUnjoined);
+      CHECK(origin_after_unjoined == CaptureStatus::none);
+      CHECK(joined_after_unjoined == CaptureStatus::none);
+      REQUIRE(device.stream_synchronize(joined) == cudaSuccess);
+      REQUIRE(device.event_destroy(fork) == cudaSuccess);
+      REQUIRE(device.event_destroy(back) == cudaSuccess);
+      h.destroy_stream(joined);
+    }
+  }
+
+  SECTION("a stream that joined a capture cannot end it") {
+    cudaStream_t joined = h.create_stream();
+    cudaEvent_t fork = nullptr;
+    REQUIRE(device.event_create(&fork) == cudaSuccess);
+    REQUIRE(device.begin_capture(stream, CaptureMode::relaxed) == cudaSuccess);
+    REQUIRE(device.event_record(fork, stream) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(joined, fork) == cudaSuccess);
+    const cudaError_t ended_by_joined = end_and_discard(device, joined);
+    const CaptureStatus origin_status = status_of(device, stream);
+    const cudaError_t ended = end_and_discard(device, stream);
+    const CaptureStatus joined_after = status_of(device, joined);
+    CHECK(ended_by_joined == cudaErrorStreamCaptureUnmatched);
+    CHECK(origin_status == CaptureStatus::invalidated);
+    CHECK(ended == cudaErrorStreamCaptureInvalidated);
+    CHECK(joined_after == CaptureStatus::none);
+    REQUIRE(device.event_destroy(fork) == cudaSuccess);
+    h.destroy_stream(joined);
+  }
+
   for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
     DYNAMIC_SECTION("ending a " << contract::mode_name(mode)
                                 << " capture from another thread fails and ends it") {

@@ -25,7 +25,9 @@
 //            depend on the work the event covers.
 //   events   complete when the work enqueued on their stream before the record has completed.
 //   capture  the three modes, with the calls CUDA refuses during capture refused the same way
-//            (and the capture invalidated); captured work replays when the graph is launched.
+//            (and the capture invalidated); captured work replays when the graph is launched. A
+//            stream that waits on an event recorded in a capture joins it, and the capture ends
+//            only once the stream is joined back (cudaErrorStreamCaptureUnjoined otherwise).
 //   faults   fail_next(call) makes the next calls of a kind fail with CUDA's error for it;
 //            calls(call) counts them.
 //   hazards  a launch may name the memory it reads and writes; two accesses to the same bytes,
@@ -52,8 +54,9 @@
 // simulated: the legacy default stream's implicit synchronization with blocking streams (the
 // fake orders it with no other stream, which can only report more hazards, never fewer), timing,
 // a current device and
-// peer access (each fake is one device of its ordinal, and nothing more), and streams joining a
-// capture through events recorded in it (a capture covers one stream).
+// peer access (each fake is one device of its ordinal, and nothing more), and the order inside a
+// graph (its work replays in the order it was captured, whichever stream of the capture it was
+// launched on).
 //
 // Thread-safe: every member may be called from any thread.
 #pragma once

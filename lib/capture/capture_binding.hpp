@@ -53,7 +53,9 @@ class CaptureBinding {
                   UseSpan uses) noexcept;
   // A shared block dropped during the capture on the captured stream, or on another that
   // record_stream named the captured stream for (uses[captured] is the captured stream's use),
-  // still counted live: kept until the binding goes.
+  // or on a stream that joined the capture (captured = no_origin: no use is the captured
+  // stream's), still counted live: kept until the binding goes.
+  static constexpr std::size_t no_origin = static_cast<std::size_t>(-1);
   void adopt(Block* block, UseSpan uses, std::size_t captured = 0) noexcept;
 
   // The capture under way, if any.

@@ -114,11 +114,42 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     binding = by_key(key_of(use->handle, use));
     captured = i;
   }
+  if (binding == nullptr) {
+    binding = joined(stream, uses);
+    captured = CaptureBinding::no_origin;
+  }
   if (binding == nullptr) return false;
   const bool into = binding->capture().active;
   if (into) binding->adopt(block, uses, captured);
   binding->unref();
   return into;
+}
+
+CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (by_capture_.empty()) return nullptr;
+  }
+  // A stream that waited on an event recorded in a capture is part of it until the capture ends,
+  // with no binding of its own: its capture status names the capture. Asked of the drop's
+  // stream, and of the uses this thread can name (not another thread's per-thread stream);
+  // asking the status is allowed during every capture.
+  const auto of = [&](cudaStream_t handle) -> CaptureBinding* {
+    const GateStatus status = gate_status(core_.device(), handle);
+    return status.error == cudaSuccess && status.status == CaptureStatus::active
+               ? by_id(status.id)
+               : nullptr;
+  };
+  if (CaptureBinding* binding = of(stream)) return binding;
+  for (const RecordedStream& use : uses) {
+    const StreamState* state = use.state;
+    if (state == nullptr || !state->current(use.generation) || state->handle == stream ||
+        state->handle == cudaStreamPerThread) {
+      continue;
+    }
+    if (CaptureBinding* binding = of(state->handle)) return binding;
+  }
+  return nullptr;
 }
 
 StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {

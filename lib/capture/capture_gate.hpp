@@ -47,6 +47,9 @@ class CaptureGate final : public Gate {
   CaptureBinding* by_id(CaptureId id) noexcept;
   // This thread's per-thread stream's binding (referenced), or null.
   CaptureBinding* per_thread_here() noexcept;
+  // The binding of a capture that the drop's stream, or a stream of the block's uses, joined
+  // (referenced), or null.
+  CaptureBinding* joined(cudaStream_t stream, UseSpan uses) noexcept;
 
   PoolCore& core_;
   std::mutex mutex_;
