@@ -23,14 +23,23 @@ bool CaptureGate::bind_stream(const void* key, CaptureBinding* binding) {
 }
 
 void CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  by_capture_[id] = binding;
+  bool added = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    added = by_capture_.insert_or_assign(id, binding).second;
+  }
+  // Any stream may join the capture from now on: the pool sends every drop here (joined()).
+  if (added) core_.gate_busy_begins();
 }
 
 void CaptureGate::unbind(const void* key, CaptureId id) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
-  by_stream_.erase(key);
-  if (id != 0) by_capture_.erase(id);
+  bool removed = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_stream_.erase(key);
+    removed = id != 0 && by_capture_.erase(id) != 0;
+  }
+  if (removed) core_.gate_busy_ends();
 }
 
 CaptureBinding* CaptureGate::by_key(const void* key) noexcept {

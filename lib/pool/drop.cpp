@@ -22,11 +22,10 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // whose per-thread stream `stream` named (a release the gate's layer completed at a safe point).
   if (b->keeper == nullptr) announce_dropped_home(b, stream);
   StreamState& s = *b->home;
-  // While a capture with a pool is under way anywhere, every drop asks the gate (drop_slow): a
-  // stream may have joined that capture by waiting on an event recorded in it, and only its
-  // capture status says so.
-  const bool engaged = gate_engaged();
-  if (!engaged && !b->large && b->recorded == nullptr && b->keeper == nullptr) {
+  // While the gate is busy (a capture with a pool of this core under way), every state has the
+  // `joinable` bit and every drop asks the gate (drop_slow): a stream may have joined that
+  // capture by waiting on an event recorded in it, and only its capture status says so.
+  if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&
         s.generation.load(std::memory_order_relaxed) == b->home_generation &&
@@ -42,7 +41,7 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
       return;
     }
     s.lock.unlock();
-  } else if (!engaged && b->large && b->recorded == nullptr && b->keeper == nullptr &&
+  } else if (b->large && b->recorded == nullptr && b->keeper == nullptr &&
              options_.large_shelf != 0) {
     // A large range used on its own stream alone: onto the stream's shelf (shelf.cpp). The fence
     // policy holds as for a range kept in the arena (keep_on): with several streams, a drop past
@@ -74,7 +73,8 @@ void PoolCore::drop_slow(Block* b, cudaStream_t stream,
                          UseSpan uses) noexcept {
   const bool piece = b->keeper != nullptr;
   if (Gate* gate = gate_.load(std::memory_order_acquire);
-      gate != nullptr && (piece || gate_engaged()) && gate->take_drop(b, stream, uses)) {
+      gate != nullptr && (piece || gate_engaged() || gate_busy()) &&
+      gate->take_drop(b, stream, uses)) {
     // Not a piece: a block the gate's layer adopted, which work it owns may still use.
     if (!piece) announce_held(b);
     return;

@@ -110,6 +110,19 @@ class PoolCore {
   // Installs the gate (once; the pool owns it from then on) and returns the one installed.
   Gate& install_gate(std::unique_ptr<Gate> gate) noexcept;
   Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
+  // The gate's layer has work under way that any stream may join (a capture with a pool of this
+  // core): while it has, every drop goes to the gate (drop.cpp). Counted by the layer.
+  // Every stream's state has the `joinable` attention bit meanwhile, which keeps its drops off
+  // the fast path at no cost to it.
+  void gate_busy_begins() noexcept {
+    gate_busy_.fetch_add(1, std::memory_order_acq_rel);
+    registry_.gate_busy(+1);
+  }
+  void gate_busy_ends() noexcept {
+    registry_.gate_busy(-1);
+    gate_busy_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  bool gate_busy() const noexcept { return gate_busy_.load(std::memory_order_acquire) != 0; }
   StreamRegistry& registry() noexcept { return registry_; }
   // A clean range of the arena of at least `bytes` (the out-of-memory ladder climbed if needed).
   Block* take_range(std::size_t bytes, Failure& error) noexcept;
@@ -470,6 +483,7 @@ class PoolCore {
   std::atomic<std::uint64_t> oom_retries_{0};
 
   std::atomic<Gate*> gate_{nullptr};
+  std::atomic<int> gate_busy_{0};  // gate_busy(): read by slow drops, written per capture
   std::unique_ptr<Gate> owned_gate_;
   std::mutex gate_mutex_;
   std::unique_ptr<Observer> owned_observer_;  // [gate_mutex_]

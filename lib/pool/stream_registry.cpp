@@ -114,7 +114,7 @@ StreamState* StreamRegistry::fresh_state() {
                       s->counters.live == 0 && s->pins == 0 && s->recorded_by == 0;
     if (done) {
       STREAMPOOL_ASSERT(s->free_blocks.load(std::memory_order_relaxed) == 0);
-      s->attention.store(0, std::memory_order_relaxed);
+      s->attention.store(gate_busy_ != 0 ? std::uint32_t{joinable} : 0u, std::memory_order_relaxed);
       s->generation.fetch_add(1, std::memory_order_release);
       s->unfenced_bytes = 0;
       s->unfenced_since_ns = 0;
@@ -131,6 +131,7 @@ StreamState* StreamRegistry::fresh_state() {
   state->timeline.stream = state.get();
   state->timeline.order = ++created_;
   state->core = &pool_;
+  if (gate_busy_ != 0) state->attention.store(joinable, std::memory_order_relaxed);
   state->next_state = first_.load(std::memory_order_relaxed);
   StreamState* s = state.release();
   first_.store(s, std::memory_order_release);
@@ -192,6 +193,21 @@ void StreamRegistry::note_several() noexcept {
   }
   // And every stream's falls are published from now on, before the new stream's first rise.
   pool_.publish_falls();
+}
+
+void StreamRegistry::gate_busy(int delta) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool was = gate_busy_ != 0;
+  gate_busy_ += delta;
+  STREAMPOOL_ASSERT(gate_busy_ >= 0);
+  if ((gate_busy_ != 0) == was) return;
+  for (StreamState* s = first(); s != nullptr; s = s->next_state) {
+    if (was) {
+      s->attention.fetch_and(~joinable, std::memory_order_relaxed);
+    } else {
+      s->attention.fetch_or(joinable, std::memory_order_relaxed);
+    }
+  }
 }
 
 void StreamRegistry::retire_idle() noexcept {

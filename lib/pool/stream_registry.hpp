@@ -99,6 +99,10 @@ class StreamRegistry {
   // Retired states not yet recycled.
   std::size_t retired_waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
 
+  // The gate's busy spells (PoolCore::gate_busy_begins) begin (+1) or end (-1): while any is
+  // under way every state, those made or recycled meanwhile too, has the `joinable` bit.
+  void gate_busy(int delta) noexcept;
+
  private:
   using Strategy = Found (StreamRegistry::*)(cudaStream_t, GateStatus&, Failure&) noexcept;
   static Strategy strategy_of(StreamChecks checks) noexcept;
@@ -127,6 +131,7 @@ class StreamRegistry {
   std::deque<StreamState*> retired_;                          // oldest first
   std::atomic<std::size_t> waiting_{0};                       // retired_.size()
   std::size_t registered_ = 0;
+  int gate_busy_ = 0;  // spells under way: states get `joinable` while it is not 0
   std::uint64_t created_ = 0;  // stream states made: the last one's Timeline::order
 };
 
