@@ -162,12 +162,23 @@ CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses) noexcept 
 }
 
 StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {
-  CaptureBinding* binding =
-      stream == cudaStreamPerThread ? per_thread_here() : by_key(key_of(stream, nullptr));
+  if (CaptureBinding* binding =
+          stream == cudaStreamPerThread ? per_thread_here() : by_key(key_of(stream, nullptr))) {
+    const CaptureBinding::Capture capture = binding->capture();
+    binding->unref();
+    if (capture.active && capture.stream == stream) return capture.origin;
+  }
+  // A stream that joined a capture with a pool: its own state where the pool has seen it (as
+  // CaptureGate::allocate finds it), else the capture's, whose work its work is until the
+  // capture ends (its id cannot be asked now).
+  if (stream == cudaStreamPerThread) return nullptr;
+  CaptureBinding* binding = joined(stream, {});
   if (binding == nullptr) return nullptr;
   const CaptureBinding::Capture capture = binding->capture();
   binding->unref();
-  return capture.active && capture.stream == stream ? capture.origin : nullptr;
+  if (!capture.active) return nullptr;
+  StreamState* known = core_.registry().by_handle(stream);
+  return known != nullptr ? known : capture.origin;
 }
 
 void CaptureGate::safe_point() noexcept {

@@ -205,3 +205,54 @@ TEST_CASE("a global per-thread capture left under way by its CapturePool's going
   f.pool.trim(0);  // sees the capture ended: synchronizes and frees
   CHECK(f.pool.stats().reserved_bytes.current == 0);
 }
+
+// A stream that waits on an event recorded in a capture joins it: a buffer of that stream which
+// the graph writes, dropped there during the capture, must stay the graph's. Before the fix
+// (test/capture_joined.cpp on the fake) the drop went to the stream's own list: the next
+// allocation of its size took the memory, and each replay overwrote it.
+TEST_CASE("a buffer dropped on a stream that joined a real capture is not handed out while the "
+          "graph replays into it", "[capture]") {
+  const std::size_t bytes = GENERATE(std::size_t{64} << 10, std::size_t{4} << 20);
+  CAPTURE(bytes);
+  const std::size_t n = bytes / sizeof(std::uint32_t);
+  Fixture f;
+  cudaStream_t side = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t back = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&back, cudaEventDisableTiming) == cudaSuccess);
+  {
+    auto x = PooledBuffer<std::uint32_t>::alloc_async(f.pool, n, side);
+    REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
+    auto cp = std::make_shared<CapturePool>(f.pool);
+    streampool::begin_capture_with_pool(cp, f.stream, streampool::CaptureMode::relaxed);
+    REQUIRE(cudaEventRecord(fork, f.stream) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);  // side joins the capture
+    REQUIRE(gpu_test::launch_delayed_fill(side, x.data(), n, 0xAB, 1000) == cudaSuccess);
+    x.reset();  // on side, during the capture it joined
+    REQUIRE(cudaEventRecord(back, side) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(f.stream, back, 0) == cudaSuccess);
+    CapturedGraph graph = streampool::end_capture_with_pool(f.stream, cp);
+    cp.reset();
+
+    // Another buffer of the same size on the same stream, filled with its own value; then the
+    // graph replays (writing 0xAB where x was) and the buffer is checked.
+    f.pool.trim();
+    auto y = PooledBuffer<std::uint32_t>::alloc_async(f.pool, n, side);
+    REQUIRE(gpu_test::launch_delayed_fill(side, y.data(), n, 0x11, 0) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
+    graph.launch(f.stream);
+    REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+    REQUIRE(gpu_test::launch_count_mismatches(f.stream, y.data(), n, 0x11, f.mismatches) ==
+            cudaSuccess);
+    CHECK(f.found() == 0);
+    REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+    y.reset();
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  f.pool.release_stream(side);
+  REQUIRE(cudaEventDestroy(fork) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(back) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+}
