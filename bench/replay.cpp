@@ -196,6 +196,8 @@ ReplayReport replay(const Trace& trace, const Target& target, const ReplayOption
           }
           if (error) {
             failed.fetch_add(1);
+            // A peak of demand the pool did not serve: the waste is that of the blocks live.
+            if (now > seen) waste_at_peak.store(blocks.load() - served.load());
           } else {
             const auto b = static_cast<std::int64_t>(block_bytes(classes, pool_options, e.size));
             const std::int64_t in_blocks = blocks.fetch_add(b) + b;

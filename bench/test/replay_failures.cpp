@@ -6,6 +6,8 @@
 #include "temp_dir.hpp"
 #include "trace_helpers.hpp"
 
+#include <streampool/size_classes.hpp>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -132,4 +134,28 @@ TEST_CASE("replay says what the trace reader left out", "[replay][cli]") {
     CHECK_THAT(run.err, Contains("typo: left out 1 free of a pointer the trace never allocated"));
     CHECK_THAT(run.err, Contains("1 request of 0 bytes"));
   }
+}
+
+// Found in review (2026-12-05, fixed 2026-12-06): the waste at the peak was noted only when the
+// allocation that set the peak was served, so a peak set by a failed allocation reported the
+// waste of an earlier, lower peak, made of blocks long freed.
+TEST_CASE("the waste at a peak set by a failed allocation is that of the blocks live then",
+          "[replay]") {
+  const Trace trace = parse(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "0,1,allocate,0x1000,3000,0x0\n"           // the first peak: one block, rounded up
+      "0,2,free,0x1000,3000,0x0\n"
+      "0,3,allocate,0x2000,100,0x0\n"            // another block, rounded up otherwise
+      "0,4,allocate,0x3000,1099511627776,0x0\n"  // the peak: 1 TiB, refused
+      "0,5,free,0x3000,1099511627776,0x0\n"
+      "0,6,free,0x2000,100,0x0\n",
+      "failed-peak");
+  ReplayOptions options;
+  const streampool::SizeClasses classes(options.pool.size_classes);
+  const std::uint64_t small_waste = classes.block_size(classes.class_of(100)) - 100;
+  const std::uint64_t first_waste = classes.block_size(classes.class_of(3000)) - 3000;
+  REQUIRE(small_waste != first_waste);
+  const ReplayReport report = replay(trace, fake_target(), options);
+  CHECK(report.failed_allocations == 1);
+  CHECK(report.waste_at_peak == small_waste);
 }
