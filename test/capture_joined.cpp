@@ -220,3 +220,45 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
     REQUIRE(fake.hazards().empty());
   }
 }
+
+// Found in review (2026-12-06): the gate looked for joined streams among a block's uses but
+// skipped every per-thread stream, this thread's own included: a buffer recorded on this thread's
+// per-thread stream, which joined the capture and read it there, went back to the pool at its
+// drop while the graph's replays still read it.
+TEST_CASE("a buffer recorded on a per-thread stream that joined a capture is kept for the graph") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t home = fake.create_stream("home");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, home);
+  x.record_stream(cudaStreamPerThread);
+  fake.complete_all();
+  const void* x_at = x.data();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t back = nullptr;
+  REQUIRE(fake.event_create(&fork) == cudaSuccess);
+  REQUIRE(fake.event_create(&back) == cudaSuccess);
+  REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(cudaStreamPerThread, fork) == cudaSuccess);
+  fake.launch(cudaStreamPerThread, {{x.data(), bytes, false}}, {}, "graph reads x");
+  x.reset();  // on its own stream, which is not capturing; a use of it joined the capture
+  REQUIRE(fake.event_record(back, cudaStreamPerThread) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
+  REQUIRE(fake.event_destroy(back) == cudaSuccess);
+  cp.reset();
+  fake.complete_all();
+  pool->trim();
+  auto y = Bytes::alloc_async(*pool, bytes, other);
+  write_on(fake, other, y);
+  graph.launch(origin);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(static_cast<const void*>(y.data()) != x_at);
+  CHECK(fake.hazards().empty());
+}

@@ -141,19 +141,27 @@ CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses) noexcept 
   }
   // A stream that waited on an event recorded in a capture is part of it until the capture ends,
   // with no binding of its own: its capture status names the capture. Asked of the drop's
-  // stream, and of the uses this thread can name (not another thread's per-thread stream);
-  // asking the status is allowed during every capture.
+  // stream and of the block's uses, each only where this thread can name it: a per-thread
+  // stream's handle names another stream in every other thread, so such a stream is asked only
+  // from its own (another thread's per-thread stream that joined a capture is not seen here:
+  // docs/design.md, "CapturePool"). Asking the status is allowed during every capture.
   const auto of = [&](cudaStream_t handle) -> CaptureBinding* {
     const GateStatus status = gate_status(core_.device(), handle);
     return status.error == cudaSuccess && status.status == CaptureStatus::active
                ? by_id(status.id)
                : nullptr;
   };
-  if (CaptureBinding* binding = of(stream)) return binding;
+  const StreamState* home = uses.empty() ? nullptr : uses.front().state;
+  const bool named_here =
+      stream != cudaStreamPerThread || (home != nullptr && home->handle == cudaStreamPerThread &&
+                                        home->addressable());
+  if (named_here) {
+    if (CaptureBinding* binding = of(stream)) return binding;
+  }
   for (const RecordedStream& use : uses) {
     const StreamState* state = use.state;
-    if (state == nullptr || !state->current(use.generation) || state->handle == stream ||
-        state->handle == cudaStreamPerThread) {
+    if (state == nullptr || !state->current(use.generation) || !state->addressable() ||
+        (state->handle == stream && named_here)) {
       continue;
     }
     if (CaptureBinding* binding = of(state->handle)) return binding;
