@@ -146,14 +146,32 @@ struct Capture {
   bool invalidated = false;
   std::vector<Item> items;  // the graph's work, every member's in launch order
   StreamId origin = 0;
-  // The streams that joined, each with whether it has been joined back: another member waited,
-  // after the joined stream's last captured work, on an event recorded there. CUDA ends a
-  // capture only once all have (cudaErrorStreamCaptureUnjoined otherwise).
-  std::map<StreamId, bool> joined;
-  std::map<StreamId, std::uint64_t> work;  // each member's captured work so far
-  void captured_on(StreamId member) {
-    ++work[member];
-    if (auto it = joined.find(member); it != joined.end()) it->second = false;
+  // The streams that joined. CUDA ends a capture only once the origin depends on each one's
+  // last captured work (cudaErrorStreamCaptureUnjoined otherwise).
+  std::set<StreamId> joined;
+  // Each member's captured work so far, and what each member's later work depends on: per
+  // member, how much of every member's work (through waits on events recorded in the capture,
+  // transitively).
+  std::map<StreamId, std::uint64_t> work;
+  std::map<StreamId, std::map<StreamId, std::uint64_t>> sees;
+  void captured_on(StreamId member) { ++work[member]; }
+  // `member` waits on an event recorded on `on` that saw `seen`.
+  void wait(StreamId member, const std::map<StreamId, std::uint64_t>& seen) {
+    auto& mine = sees[member];
+    for (const auto& [other, count] : seen) mine[other] = std::max(mine[other], count);
+  }
+  // What an event recorded on `member` now carries.
+  std::map<StreamId, std::uint64_t> seen_by(StreamId member) {
+    std::map<StreamId, std::uint64_t> seen = sees[member];
+    seen[member] = work[member];
+    return seen;
+  }
+  bool unjoined() {
+    const auto& mine = sees[origin];
+    return std::any_of(joined.begin(), joined.end(), [&](StreamId member) {
+      const auto it = mine.find(member);
+      return it == mine.end() || it->second < work[member];
+    });
   }
 };
 
@@ -183,9 +201,9 @@ struct Event {
   Clock covers;  // empty when never recorded: such an event is complete
   CaptureId capture = 0;  // the capture it was last recorded in, when `captured`
   Clock order;  // Stream::order of its stream at the record, that stream's own work included
-  // When `captured`: the stream it was recorded on, and that stream's captured work then.
-  StreamId captured_on = 0;
-  std::uint64_t captured_after = 0;
+  // When `captured`: the captured work of each member of its capture that it follows
+  // (Capture::seen_by at the record).
+  std::map<StreamId, std::uint64_t> captured_seen;
 };
 
 struct Allocation {
@@ -1159,7 +1177,12 @@ FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(options
     std::lock_guard lock(state->mutex);
     const auto stream = state->streams.find(id);
     if (stream != state->streams.end() && stream->second.capture) {
-      state->leave_capture(stream->second.capture);
+      // The capture the thread's stream began ends; one it only joined goes on without it.
+      if (stream->second.capture->origin == id) {
+        state->leave_capture(stream->second.capture);
+      } else {
+        stream->second.capture.reset();
+      }
     }
   });
 }
@@ -1629,11 +1652,11 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
     if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
-    it->second = Event{true, {}, target->capture->id, {}, target->id,
-                       target->capture->work[target->id]};
+    it->second = Event{true, {}, target->capture->id, {},
+                       target->capture->seen_by(target->id)};
     return cudaSuccess;
   }
-  it->second = Event{false, s.snapshot(*target), 0, {}};
+  it->second = Event{false, s.snapshot(*target), 0, {}, {}};
   it->second.order = s.order_snapshot(*target);
   return cudaSuccess;
 }
@@ -1687,14 +1710,9 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
     // and invalidates both (seen on an H100, 2026-12-06).
     const Event& awaited = it->second;
     if (awaited.captured && awaited.capture == target->capture->id) {
-      // A join inside the graph; one that follows a joined stream's last captured work joins
-      // that stream back.
-      Capture& capture = *target->capture;
-      const auto member = capture.joined.find(awaited.captured_on);
-      if (member != capture.joined.end() && awaited.captured_on != target->id &&
-          awaited.captured_after == capture.work[awaited.captured_on]) {
-        member->second = true;
-      }
+      // A join inside the graph: the waiting stream's later work depends on what the event
+      // follows (which is how a joined stream is joined back into the origin).
+      target->capture->wait(target->id, awaited.captured_seen);
       return cudaSuccess;
     }
     target->capture->invalidated = true;
@@ -1711,7 +1729,8 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
     for (auto& [id, member] : s.streams) {
       if (member.capture && member.capture->id == it->second.capture) {
         target->capture = member.capture;
-        target->capture->joined[target->id] = false;
+        target->capture->joined.insert(target->id);
+        target->capture->wait(target->id, it->second.captured_seen);
         return cudaSuccess;
       }
     }
@@ -1845,8 +1864,7 @@ cudaError_t FakeDevice::end_capture(cudaStream_t stream, cudaGraph_t* graph) noe
   s.leave_capture(ending);
   if (capture.invalidated) return cudaErrorStreamCaptureInvalidated;
   // A stream that joined and was not joined back: CUDA makes no graph of a fork left open.
-  if (std::any_of(capture.joined.begin(), capture.joined.end(),
-                  [](const auto& member) { return !member.second; })) {
+  if (capture.unjoined()) {
     return cudaErrorStreamCaptureUnjoined;
   }
   const auto handle = s.new_object_handle<cudaGraph_t>();
@@ -1886,6 +1904,8 @@ cudaError_t FakeDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) 
     auto it = s.execs.find(exec);
     Stream* target = s.find_stream(stream);
     if (it == s.execs.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
+    // As a kernel launch there (probed): not a graph launch itself.
+    if (s.implicit_dependency(*target)) return s.refuse_implicit();
     Exec& executable = it->second;
     if (target->capture) {  // CUDA captures the launch as a child graph: its items, here
       if (target->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
@@ -1914,9 +1934,9 @@ cudaError_t FakeDevice::graph_upload(cudaGraphExec_t exec, cudaStream_t stream) 
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::graph_upload); e != cudaSuccess) return e;
-  if (!s.execs.contains(exec) || s.find_stream(stream) == nullptr) {
-    return cudaErrorInvalidResourceHandle;
-  }
+  Stream* target = s.find_stream(stream);
+  if (!s.execs.contains(exec) || target == nullptr) return cudaErrorInvalidResourceHandle;
+  if (s.implicit_dependency(*target)) return s.refuse_implicit();  // as graph_launch
   return cudaSuccess;
 }
 

@@ -661,3 +661,90 @@ TEST_CASE("a launch on the legacy stream while cudaStreamPerThread captures thro
     CHECK(log == std::vector<int>{2});
   }
 }
+
+// Joined streams (the device contract asserts the GPU's answers for one joined stream): the
+// capture ends only once the origin depends on every joined stream's last captured work,
+// through any chain of waits; an event recorded before that work joins nothing back (found in
+// review: the fake took such a stale event as the join).
+TEST_CASE("a capture ends only once every joined stream's last work reaches its origin",
+          "[fake][capture]") {
+  FakeDevice device;
+  cudaStream_t o = device.create_stream("o");
+  cudaStream_t x = device.create_stream("x");
+  cudaStream_t y = device.create_stream("y");
+  std::vector<cudaEvent_t> events(3);
+  for (cudaEvent_t& e : events) REQUIRE(device.event_create(&e) == cudaSuccess);
+  const auto fork_both = [&] {
+    REQUIRE(device.begin_capture(o, CaptureMode::relaxed) == cudaSuccess);
+    REQUIRE(device.event_record(events[0], o) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(x, events[0]) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(y, events[0]) == cudaSuccess);
+    device.launch(x);  // K, on x
+    REQUIRE(device.event_record(events[1], x) == cudaSuccess);
+  };
+  SECTION("through y, which waited on x's last work before its event") {
+    fork_both();
+    REQUIRE(device.stream_wait_event(y, events[1]) == cudaSuccess);
+    REQUIRE(device.event_record(events[2], y) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(o, events[2]) == cudaSuccess);
+    end_and_discard(device, o, cudaSuccess);
+  }
+  SECTION("not through an event y recorded before it waited") {
+    fork_both();
+    REQUIRE(device.event_record(events[2], y) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(y, events[1]) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(o, events[2]) == cudaSuccess);
+    end_and_discard(device, o, cudaErrorStreamCaptureUnjoined);
+  }
+  SECTION("not once x works again after the event the origin waited on") {
+    fork_both();
+    REQUIRE(device.stream_wait_event(o, events[1]) == cudaSuccess);
+    REQUIRE(device.event_record(events[2], y) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(o, events[2]) == cudaSuccess);
+    device.launch(x);
+    end_and_discard(device, o, cudaErrorStreamCaptureUnjoined);
+  }
+  CaptureStatus status = CaptureStatus::active;
+  for (cudaStream_t stream : {o, x, y}) {
+    REQUIRE(device.capture_info(stream, &status, nullptr) == cudaSuccess);
+    CHECK(status == CaptureStatus::none);
+  }
+  for (cudaEvent_t e : events) REQUIRE(device.event_destroy(e) == cudaSuccess);
+}
+
+TEST_CASE("a graph launched on the legacy stream while cudaStreamPerThread captures is refused",
+          "[fake][capture]") {
+  FakeDevice device;
+  cudaStream_t stream = device.create_stream();
+  cudaGraph_t graph = capture_graph(device, stream);
+  cudaGraphExec_t exec = instantiate(device, graph);
+  REQUIRE(device.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  CHECK(device.graph_upload(exec, cudaStreamLegacy) == cudaErrorStreamCaptureImplicit);
+  end_and_discard(device, cudaStreamPerThread, cudaErrorStreamCaptureInvalidated);
+  REQUIRE(device.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  CHECK(device.graph_launch(exec, cudaStreamLegacy) == cudaErrorStreamCaptureImplicit);
+  end_and_discard(device, cudaStreamPerThread, cudaErrorStreamCaptureInvalidated);
+  CHECK(device.pending_work() == 0);
+  REQUIRE(device.graph_exec_destroy(exec) == cudaSuccess);
+  REQUIRE(device.graph_destroy(graph) == cudaSuccess);
+}
+
+// A per-thread stream that joined another stream's capture, whose thread exits: it leaves the
+// capture, which goes on (it ends unjoined, as the stream cannot be joined back).
+TEST_CASE("a joined per-thread stream whose thread exits leaves the capture going",
+          "[fake][capture]") {
+  FakeDevice device;
+  cudaStream_t o = device.create_stream("o");
+  cudaEvent_t fork = nullptr;
+  REQUIRE(device.event_create(&fork) == cudaSuccess);
+  REQUIRE(device.begin_capture(o, CaptureMode::relaxed) == cudaSuccess);
+  REQUIRE(device.event_record(fork, o) == cudaSuccess);
+  std::thread([&] {
+    REQUIRE(device.stream_wait_event(cudaStreamPerThread, fork) == cudaSuccess);
+  }).join();
+  CaptureStatus status = CaptureStatus::none;
+  REQUIRE(device.capture_info(o, &status, nullptr) == cudaSuccess);
+  CHECK(status == CaptureStatus::active);
+  end_and_discard(device, o, cudaErrorStreamCaptureUnjoined);
+  REQUIRE(device.event_destroy(fork) == cudaSuccess);
+}

@@ -15,8 +15,10 @@
 //     shared cache while the pool lives. A drop during the capture returns the memory to the
 //     pool's private lists, reusable later in the same capture on the same stream (stream order
 //     makes that safe). A buffer of the shared cache dropped during the capture on the captured
-//     stream, or on another stream after record_stream named the captured one, is adopted by
-//     the pool: the graph may use it.
+//     stream or on a stream joined to it (one that waited on an event recorded in the capture),
+//     or on another stream after record_stream named one of those, is adopted by the pool: the
+//     graph may use it. Not seen: another thread's per-thread stream joined to the capture; and
+//     a per-thread stream joined to it cannot allocate from the CapturePool (capture_mismatch).
 //   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
 //     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
 //     its expandable segments hold reserved (from the first growth until a trim gives an empty

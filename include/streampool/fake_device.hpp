@@ -50,8 +50,10 @@
 // thread, a blocking one; create_stream() makes non-blocking streams (as cudaStreamNonBlocking
 // does); 0 and cudaStreamLegacy name the legacy default stream. While a blocking stream captures,
 // calls naming the legacy stream are refused with cudaErrorStreamCaptureImplicit, as CUDA refuses
-// them (a record, a wait, a synchronize or a launch on it also invalidates the capture). Not
-// simulated: the legacy default stream's implicit synchronization with blocking streams (the
+// them (a record, a wait, a synchronize or a launch on it also invalidates the capture; so does a
+// graph launch or upload there, by analogy; stream_id is answered, not having been probed). Not
+// simulated: the legacy stream waiting on an event recorded in a capture (it neither joins nor is
+// refused), the legacy default stream's implicit synchronization with blocking streams (the
 // fake orders it with no other stream, which can only report more hazards, never fewer), timing,
 // a current device and
 // peer access (each fake is one device of its ordinal, and nothing more), and the order inside a

@@ -237,8 +237,8 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
   std::vector<Need> needs;
   // The captured stream's work before the capture is covered by the fence recorded when the
   // capture began. The other uses are fenced now; a stream that joined the capture cannot be
-  // (a fence there would be the graph's), so its use is not listed: the block then needs a
-  // device synchronize once the binding lets it go.
+  // (a fence there would be the graph's), so its need is that stream's next fence, recorded once
+  // the capture has ended (fence_now).
   bool listed = captured == no_origin ? core_.fence_uses(uses, needs)
                 : captured == 0
                     ? core_.fence_uses(uses.empty() ? uses : uses.subspan(1), needs)
