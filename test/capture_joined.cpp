@@ -262,3 +262,71 @@ TEST_CASE("a buffer recorded on a per-thread stream that joined a capture is kep
   CHECK(static_cast<const void*>(y.data()) != x_at);
   CHECK(fake.hazards().empty());
 }
+
+// The `joinable` bit, from review: a stream first seen during the capture gets it too (its state
+// is made then), and it is gone once the last capture ends, so that a same-stream drop makes no
+// device call again.
+TEST_CASE("a stream first seen during a capture, which then joins it, keeps its drop for the "
+          "graph") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t other = fake.create_stream("other");
+  { auto seen = Bytes::alloc_async(*pool, 4 * KiB, other); }
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  cudaStream_t late = fake.create_stream("late");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, late);  // not capturing yet: an ordinary buffer
+  write_on(fake, late, x);
+  const void* x_at = x.data();
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t back = nullptr;
+  REQUIRE(fake.event_create(&fork) == cudaSuccess);
+  REQUIRE(fake.event_create(&back) == cudaSuccess);
+  REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(late, fork) == cudaSuccess);
+  fake.launch(late, {{x.data(), bytes, false}}, {}, "graph reads x");
+  x.reset();
+  REQUIRE(fake.event_record(back, late) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
+  REQUIRE(fake.event_destroy(back) == cudaSuccess);
+  cp.reset();
+  REQUIRE(fake.event_create(&fork) == cudaSuccess);  // the graph follows late's first write
+  REQUIRE(fake.event_record(fork, late) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(origin, fork) == cudaSuccess);
+  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
+  fake.complete_all();
+  pool->trim();
+  auto y = Bytes::alloc_async(*pool, bytes, other);
+  write_on(fake, other, y);
+  graph.launch(origin);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(static_cast<const void*>(y.data()) != x_at);
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("drops ask CUDA for capture statuses only while a capture with a pool is under way") {
+  streampool::PoolOptions options = test_options();
+  options.stream_checks = streampool::StreamChecks::none;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t s = fake.create_stream("s");
+  const auto asked_by_a_pair = [&] {
+    auto warm = Bytes::alloc_async(*pool, 4 * KiB, s);
+    warm.reset();
+    const auto before = fake.calls(FakeDevice::Call::capture_info);
+    { auto b = Bytes::alloc_async(*pool, 4 * KiB, s); }
+    return fake.calls(FakeDevice::Call::capture_info) - before;
+  };
+  CHECK(asked_by_a_pair() == 0);
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  CHECK(asked_by_a_pair() > 0);  // s may have joined the capture: its drop asks
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  CHECK(asked_by_a_pair() == 0);
+}
