@@ -22,6 +22,16 @@ using Bytes = PooledBuffer<std::byte>;
 namespace {
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// `waiter`'s later work follows `awaited`'s so far (an event recorded there, waited on): how a
+// stream joins a capture (`awaited` capturing) and is joined back (`waiter` its origin).
+void wait_for(FakeDevice& fake, cudaStream_t waiter, cudaStream_t awaited) {
+  cudaEvent_t event = nullptr;
+  REQUIRE(fake.event_create(&event) == cudaSuccess);
+  REQUIRE(fake.event_record(event, awaited) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(waiter, event) == cudaSuccess);
+  REQUIRE(fake.event_destroy(event) == cudaSuccess);
+}
 }  // namespace
 
 TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the graph's replays") {
@@ -41,19 +51,11 @@ TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the gr
 
   auto cp = std::make_shared<CapturePool>(*pool);
   streampool::begin_capture_with_pool(cp, origin, mode);
-  cudaEvent_t fork = nullptr;
-  cudaEvent_t back = nullptr;
-  REQUIRE(fake.event_create(&fork) == cudaSuccess);
-  REQUIRE(fake.event_create(&back) == cudaSuccess);
-  REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(side, fork) == cudaSuccess);  // side joins the capture
+  wait_for(fake, side, origin);  // side joins the capture
   fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");  // the graph's work
   x.reset();  // on side, during the capture it joined
-  REQUIRE(fake.event_record(back, side) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);  // side joined back
+  wait_for(fake, origin, side);  // side joined back
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
-  REQUIRE(fake.event_destroy(back) == cudaSuccess);
 
   // Everything enqueued so far is done and the pool is trimmed: whatever the pool thinks free
   // now, it may hand out.
@@ -111,13 +113,10 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
     auto cp = std::make_shared<CapturePool>(*pool);
     if (below(2) == 0) cp->reserve(4 * MiB);
     streampool::begin_capture_with_pool(cp, origin, modes[below(3)]);
-    cudaEvent_t fork = nullptr;
-    REQUIRE(fake.event_create(&fork) == cudaSuccess);
-    REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
     bool joined[2] = {false, false};
     for (int side = 0; side < 2; ++side) {
       if (side == 0 || below(2) == 0) {
-        REQUIRE(fake.stream_wait_event(sides[side], fork) == cudaSuccess);
+        wait_for(fake, sides[side], origin);
         joined[side] = true;
       }
     }
@@ -160,11 +159,7 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
           Held& h = before[static_cast<std::size_t>(below(static_cast<int>(before.size())))];
           if (h.buffer.is_empty()) break;
           cudaStream_t there = sides[1 - h.side];
-          cudaEvent_t order = nullptr;
-          REQUIRE(fake.event_create(&order) == cudaSuccess);
-          REQUIRE(fake.event_record(order, sides[h.side]) == cudaSuccess);
-          REQUIRE(fake.stream_wait_event(there, order) == cudaSuccess);
-          REQUIRE(fake.event_destroy(order) == cudaSuccess);
+          wait_for(fake, there, sides[h.side]);
           h.buffer.record_stream(there);
           fake.launch(there, {{h.buffer.data(), h.buffer.byte_size(), false}});
           h.used_in_graph = true;
@@ -173,15 +168,9 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
       }
     }
     for (int side = 0; side < 2; ++side) {  // joined back
-      if (!joined[side]) continue;
-      cudaEvent_t back = nullptr;
-      REQUIRE(fake.event_create(&back) == cudaSuccess);
-      REQUIRE(fake.event_record(back, sides[side]) == cudaSuccess);
-      REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);
-      REQUIRE(fake.event_destroy(back) == cudaSuccess);
+      if (joined[side]) wait_for(fake, origin, sides[side]);
     }
     CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-    REQUIRE(fake.event_destroy(fork) == cudaSuccess);
     // What the graph uses and the caller still holds goes to the CapturePool, as the contract
     // asks; the rest is dropped on its stream.
     for (Held& h : before) {
@@ -193,15 +182,8 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
 
     // The graph's replays follow the work done before the capture on the side streams (the
     // caller's to order: completion does not count for the fake).
-    const auto order = [&](cudaStream_t waiter, cudaStream_t awaited) {
-      cudaEvent_t event = nullptr;
-      REQUIRE(fake.event_create(&event) == cudaSuccess);
-      REQUIRE(fake.event_record(event, awaited) == cudaSuccess);
-      REQUIRE(fake.stream_wait_event(waiter, event) == cudaSuccess);
-      REQUIRE(fake.event_destroy(event) == cudaSuccess);
-    };
-    order(origin, sides[0]);
-    order(origin, sides[1]);
+    wait_for(fake, origin, sides[0]);
+    wait_for(fake, origin, sides[1]);
     fake.complete_all();
     if (below(2) == 0) pool->trim();
     std::vector<Bytes> later;
@@ -212,7 +194,7 @@ TEST_CASE("random work on streams joined to a capture never lets the graph's mem
     }
     graph.launch(origin);
     if (below(2) == 0) {
-      order(sides[0], origin);
+      wait_for(fake, sides[0], origin);
       graph.launch(sides[0]);
     }
     fake.complete_all();
@@ -238,19 +220,11 @@ TEST_CASE("a buffer recorded on a per-thread stream that joined a capture is kep
   const void* x_at = x.data();
   auto cp = std::make_shared<CapturePool>(*pool);
   streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
-  cudaEvent_t fork = nullptr;
-  cudaEvent_t back = nullptr;
-  REQUIRE(fake.event_create(&fork) == cudaSuccess);
-  REQUIRE(fake.event_create(&back) == cudaSuccess);
-  REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(cudaStreamPerThread, fork) == cudaSuccess);
+  wait_for(fake, cudaStreamPerThread, origin);
   fake.launch(cudaStreamPerThread, {{x.data(), bytes, false}}, {}, "graph reads x");
   x.reset();  // on its own stream, which is not capturing; a use of it joined the capture
-  REQUIRE(fake.event_record(back, cudaStreamPerThread) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);
+  wait_for(fake, origin, cudaStreamPerThread);
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
-  REQUIRE(fake.event_destroy(back) == cudaSuccess);
   cp.reset();
   fake.complete_all();
   pool->trim();
@@ -280,24 +254,13 @@ TEST_CASE("a stream first seen during a capture, which then joins it, keeps its 
   auto x = Bytes::alloc_async(*pool, bytes, late);  // not capturing yet: an ordinary buffer
   write_on(fake, late, x);
   const void* x_at = x.data();
-  cudaEvent_t fork = nullptr;
-  cudaEvent_t back = nullptr;
-  REQUIRE(fake.event_create(&fork) == cudaSuccess);
-  REQUIRE(fake.event_create(&back) == cudaSuccess);
-  REQUIRE(fake.event_record(fork, origin) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(late, fork) == cudaSuccess);
+  wait_for(fake, late, origin);
   fake.launch(late, {{x.data(), bytes, false}}, {}, "graph reads x");
   x.reset();
-  REQUIRE(fake.event_record(back, late) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(origin, back) == cudaSuccess);
+  wait_for(fake, origin, late);
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
-  REQUIRE(fake.event_destroy(back) == cudaSuccess);
   cp.reset();
-  REQUIRE(fake.event_create(&fork) == cudaSuccess);  // the graph follows late's first write
-  REQUIRE(fake.event_record(fork, late) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(origin, fork) == cudaSuccess);
-  REQUIRE(fake.event_destroy(fork) == cudaSuccess);
+  wait_for(fake, origin, late);  // the graph's replays follow late's first write
   fake.complete_all();
   pool->trim();
   auto y = Bytes::alloc_async(*pool, bytes, other);
