@@ -22,9 +22,9 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // whose per-thread stream `stream` named (a release the gate's layer completed at a safe point).
   if (b->keeper == nullptr) announce_dropped_home(b, stream);
   StreamState& s = *b->home;
-  // While the gate is busy (a capture with a pool of this core under way), every state has the
-  // `joinable` bit and every drop asks the gate (drop_slow): a stream may have joined that
-  // capture by waiting on an event recorded in it, and only its capture status says so.
+  // While the gate is busy (PoolCore::gate_busy), every state has the `joinable` bit and every
+  // drop asks the gate (drop_slow): any stream may have joined the gate's work, and only the
+  // gate can tell.
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&

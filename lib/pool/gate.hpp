@@ -8,7 +8,9 @@
 //   - a gate on allocation and drop: a stream the capture layer has bound to a capture (its
 //     state's `gated` attention bit), or a stream CUDA reports capturing, sends its allocations
 //     to Gate::allocate; a drop on a bound stream, or of memory a layer above owns
-//     (Block::keeper), goes to Gate::take_drop;
+//     (Block::keeper), goes to Gate::take_drop, and so does every drop while the gate is busy
+//     (PoolCore::gate_busy_begins: a capture with a pool under way, which any stream may join by
+//     waiting on an event recorded in it);
 //   - a stream's capture status, asked without ever asking a capturing stream's id (CUDA refuses
 //     that too, and invalidates the capture);
 //   - a safe point: the pool calls it where no lock is held and nothing it does could be refused,

@@ -110,10 +110,9 @@ class PoolCore {
   // Installs the gate (once; the pool owns it from then on) and returns the one installed.
   Gate& install_gate(std::unique_ptr<Gate> gate) noexcept;
   Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
-  // The gate's layer has work under way that any stream may join (a capture with a pool of this
-  // core): while it has, every drop goes to the gate (drop.cpp). Counted by the layer.
-  // Every stream's state has the `joinable` attention bit meanwhile, which keeps its drops off
-  // the fast path at no cost to it.
+  // The gate's layer has work under way that any stream may join (gate.hpp), counted by the
+  // layer: meanwhile every drop goes to the gate (drop.cpp), and every stream's state has the
+  // `joinable` attention bit, which keeps its drops off the fast path at no cost to it.
   void gate_busy_begins() noexcept {
     gate_busy_.fetch_add(1, std::memory_order_acq_rel);
     registry_.gate_busy(+1);
@@ -483,7 +482,7 @@ class PoolCore {
   std::atomic<std::uint64_t> oom_retries_{0};
 
   std::atomic<Gate*> gate_{nullptr};
-  std::atomic<int> gate_busy_{0};  // gate_busy(): read by slow drops, written per capture
+  std::atomic<int> gate_busy_{0};  // gate_busy(): read by slow drops, written by the gate
   std::unique_ptr<Gate> owned_gate_;
   std::mutex gate_mutex_;
   std::unique_ptr<Observer> owned_observer_;  // [gate_mutex_]
