@@ -22,9 +22,9 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // whose per-thread stream `stream` named (a release the gate's layer completed at a safe point).
   if (b->keeper == nullptr) announce_dropped_home(b, stream);
   StreamState& s = *b->home;
-  // While the gate is busy (PoolCore::gate_busy), every state has the `joinable` bit and every
-  // drop asks the gate (drop_slow): any stream may have joined the gate's work, and only the
-  // gate can tell.
+  // While the gate is busy (PoolCore::gate_busy_begins), every state has the `joinable` bit and
+  // every drop asks the gate (drop_slow): any stream may have joined the gate's work, and only
+  // the gate can tell.
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&
@@ -72,9 +72,10 @@ void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
 void PoolCore::drop_slow(Block* b, cudaStream_t stream,
                          UseSpan uses) noexcept {
   const bool piece = b->keeper != nullptr;
+  const bool busy =
+      !piece && (b->home->attention.load(std::memory_order_relaxed) & joinable) != 0;
   if (Gate* gate = gate_.load(std::memory_order_acquire);
-      gate != nullptr && (piece || gate_engaged() || gate_busy()) &&
-      gate->take_drop(b, stream, uses)) {
+      gate != nullptr && (piece || busy || gate_engaged()) && gate->take_drop(b, stream, uses)) {
     // Not a piece: a block the gate's layer adopted, which work it owns may still use.
     if (!piece) announce_held(b);
     return;

@@ -111,17 +111,10 @@ class PoolCore {
   Gate& install_gate(std::unique_ptr<Gate> gate) noexcept;
   Gate* gate() const noexcept { return gate_.load(std::memory_order_acquire); }
   // The gate's layer has work under way that any stream may join (gate.hpp), counted by the
-  // layer: meanwhile every drop goes to the gate (drop.cpp), and every stream's state has the
-  // `joinable` attention bit, which keeps its drops off the fast path at no cost to it.
-  void gate_busy_begins() noexcept {
-    gate_busy_.fetch_add(1, std::memory_order_acq_rel);
-    registry_.gate_busy(+1);
-  }
-  void gate_busy_ends() noexcept {
-    registry_.gate_busy(-1);
-    gate_busy_.fetch_sub(1, std::memory_order_acq_rel);
-  }
-  bool gate_busy() const noexcept { return gate_busy_.load(std::memory_order_acquire) != 0; }
+  // layer: meanwhile every stream's state has the `joinable` attention bit, which keeps its
+  // drops off the fast path at no cost to it and sends them to the gate (drop.cpp).
+  void gate_busy_begins() noexcept { registry_.gate_busy(+1); }
+  void gate_busy_ends() noexcept { registry_.gate_busy(-1); }
   StreamRegistry& registry() noexcept { return registry_; }
   // A clean range of the arena of at least `bytes` (the out-of-memory ladder climbed if needed).
   Block* take_range(std::size_t bytes, Failure& error) noexcept;
@@ -482,7 +475,6 @@ class PoolCore {
   std::atomic<std::uint64_t> oom_retries_{0};
 
   std::atomic<Gate*> gate_{nullptr};
-  std::atomic<int> gate_busy_{0};  // gate_busy(): read by slow drops, written by the gate
   std::unique_ptr<Gate> owned_gate_;
   std::mutex gate_mutex_;
   std::unique_ptr<Observer> owned_observer_;  // [gate_mutex_]

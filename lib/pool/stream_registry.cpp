@@ -114,7 +114,8 @@ StreamState* StreamRegistry::fresh_state() {
                       s->counters.live == 0 && s->pins == 0 && s->recorded_by == 0;
     if (done) {
       STREAMPOOL_ASSERT(s->free_blocks.load(std::memory_order_relaxed) == 0);
-      s->attention.store(gate_busy_ != 0 ? std::uint32_t{joinable} : 0u, std::memory_order_relaxed);
+      const std::uint32_t busy = gate_busy_ != 0 ? std::uint32_t{joinable} : 0u;
+      s->attention.store(busy, std::memory_order_relaxed);
       s->generation.fetch_add(1, std::memory_order_release);
       s->unfenced_bytes = 0;
       s->unfenced_since_ns = 0;
