@@ -70,8 +70,8 @@ enum Attention : std::uint32_t {
   wants_fence = 1u << 0,  // another stream waits for blocks dropped here: record a fence
   retired = 1u << 1,      // released or dead: no longer found by lookups, gets no new blocks
   gated = 1u << 2,        // the gate (gate.hpp) takes this stream's allocations and drops
-  joinable = 1u << 3,     // the gate is busy (PoolCore::gate_busy): any stream may have joined
-                          // its work, so drops ask it (set on every state, StreamRegistry)
+  joinable = 1u << 3,     // the gate is busy (PoolCore::gate_busy_begins): any stream may
+                          // have joined its work, so drops ask it (on every state meanwhile)
 };
 
 // One CUDA stream. States live as long as their pool; a retired state is recycled for a new
