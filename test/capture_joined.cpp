@@ -32,6 +32,24 @@ void wait_for(FakeDevice& fake, cudaStream_t waiter, cudaStream_t awaited) {
   REQUIRE(fake.stream_wait_event(waiter, event) == cudaSuccess);
   REQUIRE(fake.event_destroy(event) == cudaSuccess);
 }
+
+// After the capture: everything enqueued so far done and the pool trimmed, so that whatever the
+// pool thinks free it may hand out. A buffer of `bytes` on `other` must not get `x_at` (the
+// memory the graph reads), and the graph's replay on `origin` must touch nothing the pool
+// handed out or gave back.
+void check_replay_keeps(PoolOnFake& pool, CapturedGraph& graph, cudaStream_t origin,
+                        cudaStream_t other, std::size_t bytes, const void* x_at) {
+  FakeDevice& fake = pool.fake();
+  fake.complete_all();
+  pool->trim();
+  auto y = Bytes::alloc_async(*pool, bytes, other);
+  write_on(fake, other, y);
+  graph.launch(origin);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(static_cast<const void*>(y.data()) != x_at);
+  CHECK(fake.hazards().empty());
+}
 }  // namespace
 
 TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the graph's replays") {
@@ -56,20 +74,7 @@ TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the gr
   x.reset();  // on side, during the capture it joined
   wait_for(fake, origin, side);  // side joined back
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-
-  // Everything enqueued so far is done and the pool is trimmed: whatever the pool thinks free
-  // now, it may hand out.
-  fake.complete_all();
-  pool->trim();
-  auto y = Bytes::alloc_async(*pool, bytes, other);
-  write_on(fake, other, y);
-  graph.launch(origin);  // reads x's memory, which the graph still owns
-  fake.complete_all();
-  INFO(first_hazard(fake));
-  CHECK(static_cast<const void*>(y.data()) != x_at);
-  CHECK(fake.hazards().empty());
-  y.reset();
-  fake.complete_all();
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
 
 // Random work on streams that join a capture and are joined back: allocations there (the
@@ -226,15 +231,7 @@ TEST_CASE("a buffer recorded on a per-thread stream that joined a capture is kep
   wait_for(fake, origin, cudaStreamPerThread);
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
   cp.reset();
-  fake.complete_all();
-  pool->trim();
-  auto y = Bytes::alloc_async(*pool, bytes, other);
-  write_on(fake, other, y);
-  graph.launch(origin);
-  fake.complete_all();
-  INFO(first_hazard(fake));
-  CHECK(static_cast<const void*>(y.data()) != x_at);
-  CHECK(fake.hazards().empty());
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
 
 // The `joinable` bit, from review: a stream first seen during the capture gets it too (its state
@@ -261,15 +258,7 @@ TEST_CASE("a stream first seen during a capture, which then joins it, keeps its 
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
   cp.reset();
   wait_for(fake, origin, late);  // the graph's replays follow late's first write
-  fake.complete_all();
-  pool->trim();
-  auto y = Bytes::alloc_async(*pool, bytes, other);
-  write_on(fake, other, y);
-  graph.launch(origin);
-  fake.complete_all();
-  INFO(first_hazard(fake));
-  CHECK(static_cast<const void*>(y.data()) != x_at);
-  CHECK(fake.hazards().empty());
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
 
 TEST_CASE("drops ask CUDA for capture statuses only while a capture with a pool is under way") {
