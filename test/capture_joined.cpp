@@ -15,6 +15,7 @@
 using streampool::CapturedGraph;
 using streampool::CaptureMode;
 using streampool::CapturePool;
+using streampool::Errc;
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 using Bytes = PooledBuffer<std::byte>;
@@ -281,4 +282,43 @@ TEST_CASE("drops ask CUDA for capture statuses only while a capture with a pool 
   CHECK(asked_by_a_pair() > 0);  // s may have joined the capture: its drop asks
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
   CHECK(asked_by_a_pair() == 0);
+}
+
+// A CapturePool prepared on a stream that then joins another CapturePool's capture (of the same
+// MemoryPool) finds that capture's id when it attaches. Bound over the other's, it took the
+// capture's drops, and its detach unbound the capture: the other's graph then lost the buffers
+// dropped on joined streams afterwards (found in review, 2026-12-06).
+TEST_CASE("a CapturePool cannot attach to a capture another CapturePool of the pool has") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t side = fake.create_stream("side");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, side);
+  write_on(fake, side, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+
+  auto late = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(late, side, CaptureMode::relaxed);
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  wait_for(fake, side, origin);  // side joins cp's capture
+  Errc errc{};
+  try {
+    streampool::attach_capture_with_pool(late);
+  } catch (const streampool::Error& e) {
+    errc = e.errc();
+  }
+  CHECK(errc == Errc::capture_mismatch);
+  streampool::detach_capture_with_pool(late);  // gives up the preparation
+  late.reset();
+
+  // cp's capture still keeps what is dropped on its joined streams.
+  fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");
+  x.reset();
+  wait_for(fake, origin, side);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }

@@ -212,7 +212,9 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
 // thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once
 // it is bound, false while `stream` is not capturing yet; it throws capture_mismatch when nothing
-// was prepared, and CUDA's error when the status cannot be asked. An allocation or drop during
+// was prepared or when `stream` has joined a capture that another CapturePool of the same
+// MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the status
+// cannot be asked. An allocation or drop during
 // the capture before attach is not the pool's (it fails with capture_without_pool, or goes to the
 // shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
 // never throws. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller

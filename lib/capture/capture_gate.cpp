@@ -22,14 +22,17 @@ bool CaptureGate::bind_stream(const void* key, CaptureBinding* binding) {
   return by_stream_.emplace(key, binding).second;
 }
 
-void CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
+bool CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
   bool added = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    added = by_capture_.insert_or_assign(id, binding).second;
+    const auto [it, inserted] = by_capture_.emplace(id, binding);
+    if (!inserted && it->second != binding) return false;
+    added = inserted;
   }
   // Any stream may join the capture from now on: the pool sends every drop here (joined()).
   if (added) core_.gate_busy_begins();
+  return true;
 }
 
 void CaptureGate::unbind(const void* key, CaptureId id) noexcept {

@@ -26,9 +26,10 @@ class CaptureGate final : public Gate {
   // different stream in every thread) its state.
   static const void* key_of(cudaStream_t stream, const StreamState* state) noexcept;
 
-  // Binds the stream (false: another binding has it) and, once the capture has begun, its id.
+  // Binds the stream (false: another binding has it) and, once the capture has begun, its id
+  // (false: another binding has the capture, which the stream joined).
   bool bind_stream(const void* key, CaptureBinding* binding);
-  void bind_capture(CaptureId id, CaptureBinding* binding);
+  bool bind_capture(CaptureId id, CaptureBinding* binding);
   void unbind(const void* key, CaptureId id) noexcept;
   // The binding of a capture under way (referenced: the caller unrefs), or null.
   CaptureBinding* binding_of(CaptureId id) noexcept { return by_id(id); }

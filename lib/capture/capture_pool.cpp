@@ -357,7 +357,13 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
   throw_on_cuda_error(core.device().capture_info(capture.stream, &state, &id),
                       "begin_capture_with_pool: cudaStreamGetCaptureInfo");
   if (state == CaptureStatus::none) return false;  // not begun yet
-  detail::CaptureGate::of(core).bind_capture(id, &binding);
+  if (!detail::CaptureGate::of(core).bind_capture(id, &binding)) {
+    // The stream joined a capture that another CapturePool of this pool has: that capture's
+    // drops and allocations stay the other's (the preparation stays: detach gives it up).
+    throw Error(Errc::capture_mismatch,
+                "attach_capture_with_pool: the stream is part of a capture that another "
+                "CapturePool of the same MemoryPool is bound to");
+  }
   binding.ref();  // the capture's reference
   capture.active = true;
   capture.id = id;
