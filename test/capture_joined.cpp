@@ -1,6 +1,6 @@
 // Streams that join a capture: a stream that waits on an event recorded in a capture under way
-// is part of that capture until the stream that began it waits back on it (CUDA's fork and
-// join; the device contract's case). Work the joined stream enqueues meanwhile is the graph's,
+// is part of that capture until the capture ends, which CUDA allows only once the stream that
+// began it has waited back on it (CUDA's fork and join; the device contract's case). Work the joined stream enqueues meanwhile is the graph's,
 // so a buffer it drops meanwhile is the graph's to use at every replay, as a drop on the
 // capturing stream itself is.
 #include "fake_helpers.hpp"
@@ -340,5 +340,85 @@ TEST_CASE("a CapturePool cannot attach to a capture another CapturePool of the p
   x.reset();
   wait_for(fake, origin, side);
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
+}
+
+// The pool finds a joined stream's state by its handle (its id cannot be asked during the
+// capture). A stream it has no state for — never used with it, released, or retired as idle —
+// had none, and an allocation on it during the capture failed with capture_mismatch (found by the
+// model check's joins, 2026-12-06): a side stream used only inside captured regions could not
+// allocate there at all.
+TEST_CASE("a stream the pool has no state for allocates from the CapturePool once it joins the "
+          "capture") {
+  const std::size_t bytes = GENERATE(std::size_t{4 * KiB}, std::size_t{3 * MiB});
+  const bool released = GENERATE(false, true);
+  const auto checks = GENERATE(streampool::StreamChecks::none, streampool::StreamChecks::full);
+  CAPTURE(bytes, released, static_cast<int>(checks));
+  streampool::PoolOptions options = test_options();
+  options.stream_checks = checks;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t side = fake.create_stream("side");
+  cudaStream_t other = fake.create_stream("other");
+  if (released) {
+    { auto seen = Bytes::alloc_async(*pool, bytes, side); }
+    pool->release_stream(side);
+  }
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  wait_for(fake, side, origin);  // side joins the capture
+  auto x = Bytes::alloc_async(*pool, bytes, side);
+  write_on(fake, side, x);  // the graph writes it
+  const void* x_at = x.data();
+  CHECK(cp->reserved_bytes() >= bytes);  // private memory: the CapturePool's
+  x.reset();
+  wait_for(fake, origin, side);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+
+  // After the capture the stream is an ordinary one again.
+  {
+    auto y = Bytes::alloc_async(*pool, bytes, side);
+    write_on(fake, side, y);
+  }
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
+}
+
+// A buffer dropped on a stream that joined one capture, which record_stream had named another
+// stream for before that stream began a capture of its own with another CapturePool: the gate
+// gave it to the second capture (the record_stream'd use) rather than to the capture the drop is
+// part of, and when the second CapturePool went first the buffer went back to the pool while
+// the first graph still read it (found by the model check's joins, 2026-12-06).
+TEST_CASE("a buffer dropped on a joined stream goes to that capture before a capture of its "
+          "record_stream uses") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t side = fake.create_stream("side");
+  cudaStream_t used = fake.create_stream("used");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, side);
+  write_on(fake, side, x);
+  wait_for(fake, used, side);
+  x.record_stream(used);
+  fake.launch(used, {{x.data(), bytes, false}}, {}, "ordinary read on used");
+  const void* x_at = x.data();
+
+  auto first = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(first, origin, CaptureMode::relaxed);
+  wait_for(fake, side, origin);  // side joins the first capture
+  auto second = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(second, used, CaptureMode::relaxed);
+  fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");
+  x.reset();  // on side, during both captures
+
+  {
+    CapturedGraph unused = streampool::end_capture_with_pool(used, second);
+  }
+  second.reset();  // the second CapturePool, and everything it kept, goes first
+  wait_for(fake, origin, side);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, first);
+  wait_for(fake, origin, used);  // the replays follow the ordinary read on used
   check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }

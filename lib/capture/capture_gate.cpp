@@ -83,13 +83,14 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
     return nullptr;
   }
   // The stream's state without asking its id (refused during capture): the capture's own stream,
-  // or a stream joined to it that the pool has seen before.
+  // or a stream joined to it, known by its handle (a state registered for the handle alone where
+  // the pool has none: a side stream used only in captured work). A per-thread stream that
+  // joined has none (capture_mismatch): its handle names another stream in every thread.
   const CaptureBinding::Capture capture = binding->capture();
-  StreamState* s = capture.stream == stream ? capture.origin : core_.registry().by_handle(stream);
+  StreamState* s = capture.stream == stream ? capture.origin
+                                            : core_.registry().joined_state(stream, error);
   Block* b = nullptr;
-  if (s == nullptr) {
-    error = Errc::capture_mismatch;
-  } else {
+  if (s != nullptr) {
     b = binding->allocate(*s, bytes, error);
     if (b != nullptr) {
       s->lock.lock();
@@ -116,10 +117,20 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     // under a new state: the same stream, so the same capture.
     binding = per_thread_here();
   }
+  // Or the capture the drop's stream (or the buffer's own) joined: the drop is that capture's
+  // work. Asked before the captures of the streams record_stream named, which may have used the
+  // buffer only before they began: given to one of those, it went back to the pool when that
+  // CapturePool went, while this capture's graph still used it (found by the model check,
+  // 2026-12-06). A buffer that two captures with pools both use is kept by one of them only
+  // (docs/design.md, "CapturePool").
+  std::size_t captured = 0;  // which use is the captured stream's
+  if (binding == nullptr) {
+    binding = joined(stream, uses.first(uses.empty() ? 0 : 1));
+    if (binding != nullptr) captured = CaptureBinding::no_origin;
+  }
   // Or a stream that record_stream named: the buffer's own stream is not captured, but the
   // captured one was told to use it (found in review, 2026-12-05: fenced on the capturing stream,
   // which records no fence, it went back to the cache while the graph could still replay).
-  std::size_t captured = 0;  // which use is the captured stream's
   for (std::size_t i = 1; binding == nullptr && i < uses.size(); ++i) {
     const StreamState* use = uses[i].state;
     if (use == nullptr || !use->current(uses[i].generation)) continue;
@@ -127,7 +138,7 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     captured = i;
   }
   if (binding == nullptr) {
-    binding = joined(stream, uses);
+    binding = joined(stream, uses, /*ask_stream=*/false);
     captured = CaptureBinding::no_origin;
   }
   if (binding == nullptr) return false;
@@ -137,7 +148,7 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   return into;
 }
 
-CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses) noexcept {
+CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (by_capture_.empty()) return nullptr;
@@ -158,7 +169,7 @@ CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses) noexcept 
   const bool named_here =
       stream != cudaStreamPerThread || (home != nullptr && home->handle == cudaStreamPerThread &&
                                         home->addressable());
-  if (named_here) {
+  if (named_here && ask_stream) {
     if (CaptureBinding* binding = of(stream)) return binding;
   }
   for (const RecordedStream& use : uses) {

@@ -48,9 +48,9 @@ class CaptureGate final : public Gate {
   CaptureBinding* by_id(CaptureId id) noexcept;
   // This thread's per-thread stream's binding (referenced), or null.
   CaptureBinding* per_thread_here() noexcept;
-  // The binding of a capture that the drop's stream, or a stream of the block's uses, joined
-  // (referenced), or null.
-  CaptureBinding* joined(cudaStream_t stream, UseSpan uses) noexcept;
+  // The binding of a capture that the drop's stream (unless !ask_stream: asked already), or a
+  // stream of `uses`, joined (referenced), or null.
+  CaptureBinding* joined(cudaStream_t stream, UseSpan uses, bool ask_stream = true) noexcept;
 
   PoolCore& core_;
   std::mutex mutex_;

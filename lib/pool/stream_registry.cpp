@@ -101,6 +101,21 @@ StreamState* StreamRegistry::by_handle(cudaStream_t stream) noexcept {
   return it != by_handle_.end() ? it->second : nullptr;
 }
 
+StreamState* StreamRegistry::joined_state(cudaStream_t stream, Failure& error) noexcept {
+  if (!explicit_stream(stream)) {
+    error = Errc::capture_mismatch;
+    return nullptr;
+  }
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto it = by_handle_.find(stream); it != by_handle_.end()) return it->second;
+    return register_stream(stream, ++handle_only_);
+  } catch (const std::bad_alloc&) {
+    error = Errc::out_of_memory;
+    return nullptr;
+  }
+}
+
 StreamState* StreamRegistry::fresh_state() {
   // A retired state whose last fence completed, with no buffer or allocation in flight left,
   // may serve the new stream. Look at a few of the oldest.
