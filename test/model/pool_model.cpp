@@ -252,6 +252,7 @@ constexpr const char* variant_name[] = {
     "release_live",            // release_stream of a stream with live buffers
     "pending_release",         // a graph's release still queued when the MemoryPool goes (else the
                                // teardown reaches a safe point first)
+    "join",                    // a created stream joins a capture under way, and is joined back
     // and "fault:<call>" (FakeDevice::call_name) for each call a fault may be injected into
 };
 
@@ -299,7 +300,8 @@ struct Slot {
   bool alive = false;
   int generation = 0;
   int capture = -1;                      // the CapturePool (index) capturing it
-  cudaEvent_t before_capture = nullptr;  // recorded just before its capture began
+  bool joined = false;  // a member of that capture by an event wait, not the stream that began it
+  cudaEvent_t before_capture = nullptr;  // recorded just before its capture began (or it joined)
 };
 
 struct Buffer {
@@ -422,6 +424,8 @@ class Model {
   void op_stream_create();
   void op_stream_destroy();
   void op_capture_begin();
+  void join_capture();
+  void join_back_all(int pool);
   void op_capture_end();
   void end_capture(int pool, int thread);
   void op_capture_misuse();
@@ -1310,6 +1314,12 @@ int Model::new_capture_pool() {
 }
 
 void Model::op_capture_begin() {
+  // The variant "join" decodes here, and only while a capture is under way, so that inputs found
+  // without it decode as they did.
+  if (capture_active() && allowed("join") && src_.one_in(2)) {
+    join_capture();
+    return;
+  }
   const int slot = pick(static_cast<int>(slots_.size()), [&](int k) {
     const Slot& s = slots_[static_cast<std::size_t>(k)];
     const bool capturable =
@@ -1348,6 +1358,46 @@ void Model::op_capture_begin() {
   note(fmt::format("begin {} capture of {} with p{}", mode_name(mode), name(slot), p));
 }
 
+// A created stream joins a capture under way: it waits on an event recorded on the capture's
+// stream, and is a member of the capture until the capture ends. Its work meanwhile is the
+// graph's, its allocations the CapturePool's, its drops adopted. Per-thread streams stay out: the
+// gate cannot see another thread's, and a joined one cannot allocate from the CapturePool
+// (capture_pool.hpp).
+void Model::join_capture() {
+  const int p = pick(static_cast<int>(pools_.size()),
+                     [&](int k) { return pools_[static_cast<std::size_t>(k)].capturing >= 0; });
+  const int slot = pick(static_cast<int>(slots_.size()), [&](int k) {
+    const Slot& s = slots_[static_cast<std::size_t>(k)];
+    return s.kind == Slot::Kind::created && s.alive && s.capture < 0;
+  });
+  if (p < 0 || slot < 0) return;
+  // What the stream did before it joined: the graph's replays follow it, as the work before a
+  // capture began.
+  domain_note(p, slot);
+  Slot& s = slots_[static_cast<std::size_t>(slot)];
+  s.before_capture = pools_[static_cast<std::size_t>(p)].domain[{slot, s.generation}];
+  order_after(slot, pools_[static_cast<std::size_t>(p)].capturing);
+  s.capture = p;
+  s.joined = true;
+  note(fmt::format("{} joins the capture of {} with p{}", name(slot),
+                   name(pools_[static_cast<std::size_t>(p)].capturing), p));
+}
+
+// Just before the capture of `pool` ends, however it ends: its stream waits on each stream that
+// joined it (CUDA ends a capture only then: cudaErrorStreamCaptureUnjoined otherwise), and the
+// end takes every member out of capture.
+void Model::join_back_all(int pool) {
+  const int origin = pools_[static_cast<std::size_t>(pool)].capturing;
+  for (std::size_t k = 0; k < slots_.size(); ++k) {
+    Slot& s = slots_[k];
+    if (!s.joined || s.capture != pool) continue;
+    order_after(origin, static_cast<int>(k));
+    note(fmt::format("{} joined back", name(static_cast<int>(k))));
+    s.capture = -1;
+    s.joined = false;
+  }
+}
+
 void Model::op_capture_end() {
   const int p = pick(static_cast<int>(pools_.size()),
                      [&](int k) { return pools_[static_cast<std::size_t>(k)].capturing >= 0; });
@@ -1355,6 +1405,7 @@ void Model::op_capture_end() {
   const PoolSlot& pool = pools_[static_cast<std::size_t>(p)];
   if (src_.one_in(6) && pool.handle.use_count() == 1) {
     // Abandoned: the last reference goes mid-capture, which ends it and discards the graph.
+    join_back_all(p);
     const int slot = pool.capturing;
     for (Buffer& b : buffers_) {
       if (b.pool == p && !b.private_piece) b.pool = -1;
@@ -1374,6 +1425,7 @@ void Model::op_capture_end() {
 }
 
 void Model::end_capture(int p, int thread) {
+  join_back_all(p);
   PoolSlot& pool = pools_[static_cast<std::size_t>(p)];
   const int slot = pool.capturing;
   const cudaStream_t h = handle(slot);

@@ -3,10 +3,10 @@
 // A run decodes operations from a byte source and applies them to one MemoryPool over a
 // FakeDevice, keeping a shadow model of its own: the buffers alive now (address range, stream,
 // size, the streams that used them), the CapturePools and graphs and the memory pinned to them,
-// the streams and their captures, and what the statistics must say. Every operation is legal
-// under the contract of memory_pool.hpp, pooled_buffer.hpp and capture_pool.hpp at the moment it
-// is made (the model decides which are), so that a failure is the pool's fault. After every step
-// it checks:
+// the streams and their captures (and the streams that join them), and what the statistics must
+// say. Every operation is legal under the contract of memory_pool.hpp, pooled_buffer.hpp and
+// capture_pool.hpp at the moment it is made (the model decides which are), so that a failure is
+// the pool's fault. After every step it checks:
 //
 //   overlap     no two live buffers overlap; none overlaps memory pinned to a live CapturePool
 //               (buffers it adopted or holds, and, outside its own captures, its private pieces)
