@@ -422,3 +422,67 @@ TEST_CASE("a buffer dropped on a joined stream goes to that capture before a cap
   wait_for(fake, origin, used);  // the replays follow the ordinary read on used
   check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
+
+// A stream prepared for one CapturePool (the framework route, before its own begin) that joins
+// another CapturePool's capture instead: the gate found the prepared binding by the stream, saw
+// no capture under way there, and sent a buffer dropped on the stream back to the cache, while
+// the other capture's graph still read it (found in review, 2026-12-06).
+TEST_CASE("a drop on a prepared stream that joined another CapturePool's capture is that "
+          "capture's") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t side = fake.create_stream("side");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, side);
+  write_on(fake, side, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+  auto late = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(late, side, CaptureMode::relaxed);
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  wait_for(fake, side, origin);
+  fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");
+  x.reset();  // while late's preparation stays
+  wait_for(fake, origin, side);
+  streampool::detach_capture_with_pool(late);
+  late.reset();
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
+}
+
+// record_stream naming a joined stream the pool has no state for counted the use as the
+// capture's own stream's: the drop after the capture fenced that stream, not the joined one,
+// whose later work still read the buffer when another stream got it (found in review,
+// 2026-12-06).
+TEST_CASE("record_stream on a joined stream the pool has no state for covers its later work") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t home = fake.create_stream("home");
+  cudaStream_t side = fake.create_stream("side");  // never used with the pool
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 3 * MiB;
+  auto x = Bytes::alloc_async(*pool, bytes, home);
+  write_on(fake, home, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  wait_for(fake, side, origin);
+  x.record_stream(side);
+  wait_for(fake, origin, side);
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  wait_for(fake, side, home);
+  fake.launch(side, {{x.data(), bytes, false}}, {}, "side reads x after the capture");
+  x.reset();
+  fake.complete(home);
+  fake.complete(origin);  // side's read still pending
+  auto y = Bytes::alloc_async(*pool, bytes, other);
+  write_on(fake, other, y);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  CHECK(static_cast<const void*>(y.data()) != x_at);
+}

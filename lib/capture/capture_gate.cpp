@@ -117,6 +117,12 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     // under a new state: the same stream, so the same capture.
     binding = per_thread_here();
   }
+  if (binding != nullptr && !binding->capture().active) {
+    // Bound but only prepared (the framework route, before its own begin): the stream may have
+    // joined another capture meanwhile, which the rest asks (found in review, 2026-12-06).
+    binding->unref();
+    binding = nullptr;
+  }
   // Or the capture the drop's stream (or the buffer's own) joined: the drop is that capture's
   // work. Asked before the captures of the streams record_stream named, which may have used the
   // buffer only before they began: given to one of those, it went back to the pool when that
@@ -190,17 +196,18 @@ StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {
     binding->unref();
     if (capture.active && capture.stream == stream) return capture.origin;
   }
-  // A stream that joined a capture with a pool: its own state where the pool has seen it (as
-  // CaptureGate::allocate finds it), else the capture's, whose work its work is until the
-  // capture ends (its id cannot be asked now).
+  // A stream that joined a capture with a pool: the state registered for its handle, as
+  // CaptureGate::allocate finds it (one registered by the handle alone where the pool has none:
+  // counted as the capture's own stream, the use was fenced there and not on this stream, whose
+  // later work the fence then did not cover; found in review, 2026-12-06).
   if (stream == cudaStreamPerThread) return nullptr;
   CaptureBinding* binding = joined(stream, {});
   if (binding == nullptr) return nullptr;
   const CaptureBinding::Capture capture = binding->capture();
   binding->unref();
   if (!capture.active) return nullptr;
-  StreamState* known = core_.registry().by_handle(stream);
-  return known != nullptr ? known : capture.origin;
+  Failure error;
+  return core_.registry().joined_state(stream, error);
 }
 
 void CaptureGate::safe_point() noexcept {

@@ -122,8 +122,8 @@ class Gate {
   // gate's, and still counted live until the gate calls PoolCore::count_drop.
   virtual bool take_drop(Block* block, cudaStream_t stream,
                          UseSpan uses) noexcept = 0;
-  // The state of `stream` when it is being captured with this pool, found without a device call;
-  // null otherwise.
+  // The state of `stream` when it is being captured with this pool (begun there, or joined),
+  // found without asking its id (a joined stream's capture status is asked); null otherwise.
   virtual StreamState* bound_state(cudaStream_t stream) noexcept = 0;
   // A safe point (see above).
   virtual void safe_point() noexcept = 0;
