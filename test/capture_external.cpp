@@ -128,3 +128,43 @@ TEST_CASE("a CapturePool destroyed with a capture prepared and not attached give
   auto graph = streampool::end_capture_with_pool(s, again);
   CHECK(capture_status(fake, s) == CaptureStatus::none);
 }
+
+// Between the caller's cudaStreamEndCapture and detach_capture_with_pool the stream is an
+// ordinary one again, though still bound: a buffer allocated and dropped there meanwhile was
+// adopted as the graph's (the binding still said its capture was under way), with the fence
+// recorded before the capture as its only need, and went back to the pool while its real write
+// was still pending (found in review, 2026-12-06).
+TEST_CASE("a drop between the caller's end of the capture and detach is ordinary work") {
+  const std::size_t bytes = GENERATE(std::size_t{64} << 10, std::size_t{3} * MiB);
+  CAPTURE(bytes);
+  streampool::PoolOptions options = test_options();
+  options.max_reserved_bytes = 2 * bytes + MiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream("s");
+  cudaStream_t other = fake.create_stream("other");
+  { auto seen = Bytes::alloc_async(*pool, 256, other); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::relaxed);
+  REQUIRE(fake.begin_capture(s, CaptureMode::relaxed) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);  // the caller's end
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  fake.complete(s);
+  auto x = Bytes::alloc_async(*pool, bytes, s);  // ordinary work, not captured
+  const void* x_at = x.data();
+  write_on(fake, s, x);  // still pending
+  x.record_stream(other);
+  x.reset();
+  streampool::detach_capture_with_pool(capture);
+  capture.reset();
+  std::vector<Bytes> taken;  // other takes what the pool thinks free, x's memory among it
+  for (int i = 0; i < 16; ++i) {
+    taken.push_back(Bytes::alloc_async(*pool, bytes, other));
+    write_on(fake, other, taken.back());
+    if (static_cast<const void*>(taken.back().data()) == x_at) break;
+  }
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+}

@@ -9,7 +9,9 @@
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
+#include <future>
 #include <random>
+#include <thread>
 #include <vector>
 
 using streampool::CapturedGraph;
@@ -485,4 +487,58 @@ TEST_CASE("record_stream on a joined stream the pool has no state for covers its
   INFO(first_hazard(fake));
   CHECK(fake.hazards().empty());
   CHECK(static_cast<const void*>(y.data()) != x_at);
+}
+
+// Another thread's per-thread stream that joins a capture of this thread's per-thread stream is
+// another stream with the same handle: it cannot allocate from the CapturePool (the contract:
+// capture_mismatch, as its state cannot be found during the capture). It allocated as the
+// capture's own stream, and its piece, dropped there, was reusable at once by the capture's own
+// stream, unordered with the joined branch (found in review, 2026-12-06).
+TEST_CASE("another thread's per-thread stream joined to a per-thread capture is not the "
+          "capture's own stream") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  constexpr std::size_t bytes = 4 * KiB;
+  { auto warm = Bytes::alloc_async(*pool, bytes, cudaStreamPerThread); }
+  auto cp = std::make_shared<CapturePool>(*pool);
+  cp->reserve(1 * MiB);
+  streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::relaxed);
+  cudaEvent_t fork = nullptr;
+  REQUIRE(fake.event_create(&fork) == cudaSuccess);
+  REQUIRE(fake.event_record(fork, cudaStreamPerThread) == cudaSuccess);
+
+  std::promise<cudaEvent_t> joined_back;
+  std::promise<void> done;
+  std::shared_future<void> finished = done.get_future().share();
+  Errc errc{};
+  std::thread other_thread([&] {
+    fake.stream_wait_event(cudaStreamPerThread, fork);  // joins the capture
+    try {
+      auto p = Bytes::alloc_async(*pool, bytes, cudaStreamPerThread);
+      fake.launch(cudaStreamPerThread, {{p.data(), bytes, false}}, {}, "joined branch reads p");
+    } catch (const streampool::Error& e) {
+      errc = e.errc();
+    }
+    cudaEvent_t back = nullptr;
+    fake.event_create(&back);
+    fake.event_record(back, cudaStreamPerThread);
+    joined_back.set_value(back);
+    finished.wait();  // a joined per-thread stream leaves the capture when its thread exits
+  });
+  cudaEvent_t back = joined_back.get_future().get();
+  CHECK(errc == Errc::capture_mismatch);
+  {
+    auto q = Bytes::alloc_async(*pool, bytes, cudaStreamPerThread);
+    write_on(fake, cudaStreamPerThread, q);  // the capture's own branch
+  }
+  REQUIRE(fake.stream_wait_event(cudaStreamPerThread, back) == cudaSuccess);  // joined back
+  CapturedGraph graph = streampool::end_capture_with_pool(cudaStreamPerThread, cp);
+  done.set_value();
+  other_thread.join();
+  graph.launch(cudaStreamPerThread);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.event_destroy(fork);
+  fake.event_destroy(back);
 }

@@ -194,13 +194,24 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& erro
   return nullptr;
 }
 
+bool CaptureBinding::captures(cudaStream_t stream) const noexcept {
+  const Capture now = capture();
+  if (!now.active) return false;
+  const GateStatus status = gate_status(core_.device(), stream);
+  if (status.error != cudaSuccess) return true;
+  return status.status == CaptureStatus::active && status.id == now.id;
+}
+
 void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noexcept {
   const Capture now = capture();
   // Dropped in the capture, on its stream, and only ever used by it (allocated in it, named by no
   // record_stream): only the graph uses it, in stream order. Anything else used it for real work:
   // its uses are fenced now (this drop names their streams), and what the capture's stream did
-  // before the capture is covered by the fence recorded as it began.
-  const bool in_capture = now.active && stream == now.stream;
+  // before the capture is covered by the fence recorded as it began. On its stream as this thread
+  // names it, and while that stream is still in the capture (captures()).
+  const bool in_capture = now.active && stream == now.stream &&
+                          (stream != cudaStreamPerThread || now.token == this_thread_token()) &&
+                          captures(stream);
   const bool graph_only = in_capture && b->need.index == now.id && uses.size() <= 1;
   std::vector<Need> needs;
   bool listed = true;

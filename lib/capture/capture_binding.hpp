@@ -70,6 +70,11 @@ class CaptureBinding {
     std::uint64_t token = 0;  // the capturing thread's this_thread_token()
   };
   Capture capture() const noexcept;
+  // Whether `stream`, as this thread names it, is in this binding's capture now, asked of CUDA:
+  // between a framework's own cudaStreamEndCapture and detach_capture_with_pool the binding still
+  // has the capture, and another thread's cudaStreamPerThread names another stream. True where
+  // CUDA cannot tell (what the pool then does keeps the memory longer, never shorter).
+  bool captures(cudaStream_t stream) const noexcept;
   // Claims the binding for a capture about to begin; false when another has it.
   bool claim() noexcept;
   void unclaim() noexcept;

@@ -85,10 +85,12 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
   // The stream's state without asking its id (refused during capture): the capture's own stream,
   // or a stream joined to it, known by its handle (a state registered for the handle alone where
   // the pool has none: a side stream used only in captured work). A per-thread stream that
-  // joined has none (capture_mismatch): its handle names another stream in every thread.
+  // joined has none (capture_mismatch): its handle names another stream in every thread, the
+  // capture's own among them when that is a per-thread stream (found in review, 2026-12-06).
   const CaptureBinding::Capture capture = binding->capture();
-  StreamState* s = capture.stream == stream ? capture.origin
-                                            : core_.registry().joined_state(stream, error);
+  const bool own = capture.stream == stream &&
+                   (stream != cudaStreamPerThread || capture.token == this_thread_token());
+  StreamState* s = own ? capture.origin : core_.registry().joined_state(stream, error);
   Block* b = nullptr;
   if (s != nullptr) {
     b = binding->allocate(*s, bytes, error);
@@ -117,9 +119,16 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     // under a new state: the same stream, so the same capture.
     binding = per_thread_here();
   }
-  if (binding != nullptr && !binding->capture().active) {
-    // Bound but only prepared (the framework route, before its own begin): the stream may have
-    // joined another capture meanwhile, which the rest asks (found in review, 2026-12-06).
+  // Where this thread can name the stream (another thread's per-thread stream it cannot), CUDA
+  // says whether it is in the capture now.
+  const bool nameable =
+      stream != cudaStreamPerThread || (state != nullptr && state->addressable());
+  if (binding != nullptr &&
+      (nameable ? !binding->captures(stream) : !binding->capture().active)) {
+    // Bound, but the stream is not in the capture now: only prepared (the framework route,
+    // before its own begin; it may have joined another capture meanwhile, which the rest asks),
+    // or the framework has ended the capture and not yet detached, and the drop is ordinary work
+    // (found in review, 2026-12-06).
     binding->unref();
     binding = nullptr;
   }
