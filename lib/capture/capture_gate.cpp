@@ -176,9 +176,17 @@ CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_
   // docs/design.md, "CapturePool"). Asking the status is allowed during every capture.
   const auto of = [&](cudaStream_t handle) -> CaptureBinding* {
     const GateStatus status = gate_status(core_.device(), handle);
-    return status.error == cudaSuccess && status.status == CaptureStatus::active
-               ? by_id(status.id)
-               : nullptr;
+    if (status.error != cudaSuccess) {
+      // CUDA cannot tell whether the stream joined a capture: taken as joined to one under way,
+      // which then keeps the block longer than it may need (the model check, 2026-12-06: given
+      // back, the block was written by the graph's replay after another stream got it).
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (by_capture_.empty()) return nullptr;
+      CaptureBinding* any = by_capture_.begin()->second;
+      any->ref();
+      return any;
+    }
+    return status.status == CaptureStatus::active ? by_id(status.id) : nullptr;
   };
   const StreamState* home = uses.empty() ? nullptr : uses.front().state;
   const bool named_here =
