@@ -19,8 +19,8 @@
 //     or on another stream after record_stream named one of those, is adopted by the pool: the
 //     graph may use it. Not seen: another thread's per-thread stream joined to the capture; and
 //     a per-thread stream joined to it cannot allocate from the CapturePool (capture_mismatch).
-//     A buffer that the captures of two CapturePools both use is kept by one of them only (the
-//     capture its drop is part of, where there is one): keep it alive until both are done.
+//     A buffer that the captures of several CapturePools may use is kept until all of them
+//     have gone.
 //   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
 //     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
 //     its expandable segments hold reserved (from the first growth until a trim gives an empty

@@ -9,9 +9,13 @@ namespace streampool::detail {
 namespace {
 constexpr std::size_t piece_alignment = 256;          // what cudaMalloc guarantees
 constexpr std::size_t growth = std::size_t{2} << 20;  // growth step during a capture
+std::atomic<std::uint64_t> next_serial{1};
 }
 
-CaptureBinding::CaptureBinding(PoolCore& core) noexcept : core_(core) { core_.keep(); }
+CaptureBinding::CaptureBinding(PoolCore& core) noexcept
+    : core_(core), serial_(next_serial.fetch_add(1, std::memory_order_relaxed)) {
+  core_.keep();
+}
 
 CaptureBinding::~CaptureBinding() {
   // The pools of graphs launched into its captures go at the next safe point. Not here: the last
@@ -46,7 +50,25 @@ CaptureBinding::~CaptureBinding() {
     if (listed) core_.return_range(range, std::move(needs));
     else core_.strand_range(range);
   }
+  // Older bindings kept for blocks they adopted that this one's captures used too: they may go
+  // now (and place those blocks), with this binding's own memory placed first.
+  for (CaptureBinding* kept : kept_bindings_) kept->unref();
   core_.let_go();  // last: it may destroy the core
+}
+
+bool CaptureBinding::keep_binding(CaptureBinding* other) noexcept {
+  STREAMPOOL_ASSERT(other->serial() < serial_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::find(kept_bindings_.begin(), kept_bindings_.end(), other) != kept_bindings_.end()) {
+    return true;
+  }
+  try {
+    kept_bindings_.push_back(other);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  other->ref();
+  return true;
 }
 
 void CaptureBinding::keep_alive(const std::shared_ptr<CapturePool>& pool) {

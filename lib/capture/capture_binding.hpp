@@ -92,6 +92,13 @@ class CaptureBinding {
   // point (queue_release): dropping a CapturePool may run its owners' destructors and make device
   // calls, and the binding may go inside a buffer's drop, or during another capture.
   void keep_alive(const std::shared_ptr<CapturePool>& pool);
+  // Keeps `other` (a binding made before this one: serial() lower) as long as this binding, so
+  // that a block `other` adopted, which this binding's captures may use too, stays out of the
+  // pool until both have gone. Only an older binding is kept, so no two keep each other. False
+  // (nothing kept) on host out of memory.
+  bool keep_binding(CaptureBinding* other) noexcept;
+  // The order the bindings were made in (unique over the program's life).
+  std::uint64_t serial() const noexcept { return serial_; }
 
  private:
   ~CaptureBinding();
@@ -106,6 +113,7 @@ class CaptureBinding {
   void insert_piece(std::byte* ptr, Piece piece);               // [mutex_], merges neighbours
 
   PoolCore& core_;
+  const std::uint64_t serial_;
   std::atomic<int> refs_{1};
   mutable std::mutex mutex_;
   bool claimed_ = false;  // [mutex_]
@@ -115,6 +123,7 @@ class CaptureBinding {
   std::vector<std::pair<Block*, std::vector<Need>>> adopted_;
   BlockList unfiled_;  // adopted blocks adopted_ found no memory for (their uses unknown) [mutex_]
   std::vector<std::shared_ptr<CapturePool>*> kept_;  // keep_alive's, each its own [mutex_]
+  std::vector<CaptureBinding*> kept_bindings_;  // keep_binding's, each referenced [mutex_]
   bool lost_ = false;  // a piece's uses could not be kept: the ranges go back stranded [mutex_]
   // A need nothing covers: for a block whose uses could not be listed.
   static Need never() noexcept { return {&never_timeline_, 0}; }

@@ -5,6 +5,9 @@
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
+#include <algorithm>
+#include <array>
+
 namespace streampool::detail {
 
 CaptureGate& CaptureGate::of(PoolCore& core) {
@@ -132,35 +135,58 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     binding->unref();
     binding = nullptr;
   }
-  // Or the capture the drop's stream (or the buffer's own) joined: the drop is that capture's
-  // work. Asked before the captures of the streams record_stream named, which may have used the
-  // buffer only before they began: given to one of those, it went back to the pool when that
-  // CapturePool went, while this capture's graph still used it (found by the model check,
-  // 2026-12-06). A buffer that two captures with pools both use is kept by one of them only
-  // (docs/design.md, "CapturePool").
-  std::size_t captured = 0;  // which use is the captured stream's
-  if (binding == nullptr) {
-    binding = joined(stream, uses.first(uses.empty() ? 0 : 1));
-    if (binding != nullptr) captured = CaptureBinding::no_origin;
-  }
-  // Or a stream that record_stream named: the buffer's own stream is not captured, but the
-  // captured one was told to use it (found in review, 2026-12-05: fenced on the capturing stream,
-  // which records no fence, it went back to the cache while the graph could still replay).
-  for (std::size_t i = 1; binding == nullptr && i < uses.size(); ++i) {
+  // Every capture that may use the block, each with the use that is its stream
+  // (CaptureBinding::adopt): the one the drop's stream is bound to (above); the one it (or the
+  // buffer's own stream) joined, whose work the drop is; the ones bound to the streams
+  // record_stream named, whose captured work was told to use it (found in review, 2026-12-05);
+  // or else one such a stream joined. All of them: given to one only, the block went back to
+  // the pool when that CapturePool went while another capture's graph still used it (found by
+  // the model check and in review, 2026-12-06).
+  constexpr std::size_t most = 8;  // a drop names few streams; past this many, the first ones
+  struct Candidate {
+    CaptureBinding* binding;
+    std::size_t captured;  // which use is its capture's stream (0: the drop's own)
+  };
+  std::array<Candidate, most> found{};
+  std::size_t count = 0;
+  const auto add = [&](CaptureBinding* candidate, std::size_t captured) {
+    if (candidate == nullptr) return;
+    const bool known = std::any_of(found.begin(), found.begin() + count,
+                                   [&](const Candidate& c) { return c.binding == candidate; });
+    if (known || count == most) {
+      candidate->unref();
+      return;
+    }
+    found[count++] = {candidate, captured};
+  };
+  add(binding, 0);
+  add(joined(stream, uses.first(uses.empty() ? 0 : 1)), CaptureBinding::no_origin);
+  for (std::size_t i = 1; i < uses.size(); ++i) {
     const StreamState* use = uses[i].state;
     if (use == nullptr || !use->current(uses[i].generation)) continue;
-    binding = by_key(key_of(use->handle, use));
-    captured = i;
+    add(by_key(key_of(use->handle, use)), i);
   }
-  if (binding == nullptr) {
-    binding = joined(stream, uses, /*ask_stream=*/false);
-    captured = CaptureBinding::no_origin;
+  if (count == 0) add(joined(stream, uses, /*ask_stream=*/false), CaptureBinding::no_origin);
+  // The oldest binding under way adopts it; each other one keeps that one until it goes itself
+  // (only ever an older one: no two keep each other).
+  Candidate* adopter = nullptr;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!found[i].binding->capture().active) continue;
+    if (adopter == nullptr || found[i].binding->serial() < adopter->binding->serial()) {
+      adopter = &found[i];
+    }
   }
-  if (binding == nullptr) return false;
-  const bool into = binding->capture().active;
-  if (into) binding->adopt(block, uses, captured);
-  binding->unref();
-  return into;
+  if (adopter != nullptr) {
+    adopter->binding->adopt(block, uses, adopter->captured);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (&found[i] != adopter && found[i].binding->capture().active) {
+        // Not kept (host out of memory): the block goes back when the adopter goes, as before.
+        static_cast<void>(found[i].binding->keep_binding(adopter->binding));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) found[i].binding->unref();
+  return adopter != nullptr;
 }
 
 CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {
