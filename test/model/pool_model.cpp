@@ -1663,10 +1663,11 @@ void Model::op_capture_pool() {
           return false;
         }
         // The drops are ordered after the replays on each stream that used the buffers: none may
-        // be capturing.
+        // be capturing, nor be the legacy stream while CUDA refuses it (the model's own waits
+        // there would invalidate the capture: seed 5508, 2026-12-06).
         return std::none_of(held_.begin(), held_.end(), [&](const Held& h) {
           return h.pool == k && h.live && std::any_of(h.uses.begin(), h.uses.end(), [&](int u) {
-                   return slots_[static_cast<std::size_t>(u)].capture >= 0;
+                   return !idle_now(u) && slots_[static_cast<std::size_t>(u)].alive;
                  });
         });
       });
