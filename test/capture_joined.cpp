@@ -53,6 +53,25 @@ void check_replay_keeps(PoolOnFake& pool, CapturedGraph& graph, cudaStream_t ori
   CHECK(static_cast<const void*>(y.data()) != x_at);
   CHECK(fake.hazards().empty());
 }
+
+// Where most tests here begin: a pool on the fake device and three streams: the capture's own
+// (`origin`), one that joins it (`side`), and one that gets what the pool hands out after it
+// (`other`).
+struct Scene {
+  explicit Scene(streampool::PoolOptions options = test_options()) : pool(options) {}
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t side = fake.create_stream("side");
+  cudaStream_t other = fake.create_stream("other");
+
+  // A buffer of `bytes` on `stream`, written there.
+  Bytes written(cudaStream_t stream, std::size_t bytes) {
+    auto buffer = Bytes::alloc_async(*pool, bytes, stream);
+    write_on(fake, stream, buffer);
+    return buffer;
+  }
+};
 }  // namespace
 
 TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the graph's replays") {
@@ -60,13 +79,9 @@ TEST_CASE("a buffer dropped on a stream that joined a capture is kept for the gr
   const CaptureMode mode =
       GENERATE(CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed);
   CAPTURE(bytes, static_cast<int>(mode));
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
-  cudaStream_t side = fake.create_stream("side");
-  cudaStream_t other = fake.create_stream("other");
-  auto x = Bytes::alloc_async(*pool, bytes, side);
-  write_on(fake, side, x);
+  Scene scene;
+  auto& [pool, fake, origin, side, other] = scene;
+  auto x = scene.written(side, bytes);
   fake.complete_all();
   const void* x_at = x.data();
 
@@ -306,19 +321,21 @@ TEST_CASE("drops ask CUDA for capture statuses only while a capture with a pool 
   CHECK(asked_by_a_pair() == 0);
 }
 
-// A CapturePool prepared on a stream that then joins another CapturePool's capture (of the same
-// MemoryPool) finds that capture's id when it attaches. Bound over the other's, it took the
-// capture's drops, and its detach unbound the capture: the other's graph then lost the buffers
-// dropped on joined streams afterwards (found in review, 2026-12-06).
-TEST_CASE("a CapturePool cannot attach to a capture another CapturePool of the pool has") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
-  cudaStream_t side = fake.create_stream("side");
-  cudaStream_t other = fake.create_stream("other");
+// A stream prepared for one CapturePool (the framework route, before its own cudaStreamBegin-
+// Capture) that joins another CapturePool's capture (of the same MemoryPool) instead:
+//   - attaching the prepared one found the other's capture id, bound itself over it and took the
+//     capture's drops, and its detach unbound the capture: the other graph then lost the
+//     buffers dropped on joined streams afterwards (found in review, 2026-12-06);
+//   - while the preparation stayed, the gate found the prepared binding by the stream, saw no
+//     capture under way there, and sent a buffer dropped on the stream back to the cache while
+//     the other graph still read it (found in review, 2026-12-06).
+TEST_CASE("a stream prepared for one CapturePool that joins another's capture is that capture's") {
+  const bool attach = GENERATE(true, false);  // the prepared one tries to attach, or waits
+  CAPTURE(attach);
+  Scene scene;
+  auto& [pool, fake, origin, side, other] = scene;
   constexpr std::size_t bytes = 64 * KiB;
-  auto x = Bytes::alloc_async(*pool, bytes, side);
-  write_on(fake, side, x);
+  auto x = scene.written(side, bytes);
   fake.complete_all();
   const void* x_at = x.data();
 
@@ -327,20 +344,21 @@ TEST_CASE("a CapturePool cannot attach to a capture another CapturePool of the p
   auto cp = std::make_shared<CapturePool>(*pool);
   streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
   wait_for(fake, side, origin);  // side joins cp's capture
-  Errc errc{};
-  try {
-    streampool::attach_capture_with_pool(late);
-  } catch (const streampool::Error& e) {
-    errc = e.errc();
+  if (attach) {
+    Errc errc{};
+    try {
+      streampool::attach_capture_with_pool(late);
+    } catch (const streampool::Error& e) {
+      errc = e.errc();
+    }
+    CHECK(errc == Errc::capture_mismatch);
+    streampool::detach_capture_with_pool(late);  // gives up the preparation
   }
-  CHECK(errc == Errc::capture_mismatch);
-  streampool::detach_capture_with_pool(late);  // gives up the preparation
-  late.reset();
-
-  // cp's capture still keeps what is dropped on its joined streams.
   fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");
-  x.reset();
+  x.reset();  // on side, during cp's capture (and, unless attached, late's preparation)
   wait_for(fake, origin, side);
+  if (!attach) streampool::detach_capture_with_pool(late);
+  late.reset();
   CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
   check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
@@ -358,11 +376,8 @@ TEST_CASE("a stream the pool has no state for allocates from the CapturePool onc
   CAPTURE(bytes, released, static_cast<int>(checks));
   streampool::PoolOptions options = test_options();
   options.stream_checks = checks;
-  PoolOnFake pool(options);
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
-  cudaStream_t side = fake.create_stream("side");
-  cudaStream_t other = fake.create_stream("other");
+  Scene scene(options);
+  auto& [pool, fake, origin, side, other] = scene;
   if (released) {
     { auto seen = Bytes::alloc_async(*pool, bytes, side); }
     pool->release_stream(side);
@@ -393,15 +408,11 @@ TEST_CASE("a stream the pool has no state for allocates from the CapturePool onc
 // the first graph still read it (found by the model check's joins, 2026-12-06).
 TEST_CASE("a buffer dropped on a joined stream goes to that capture before a capture of its "
           "record_stream uses") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
-  cudaStream_t side = fake.create_stream("side");
+  Scene scene;
+  auto& [pool, fake, origin, side, other] = scene;
   cudaStream_t used = fake.create_stream("used");
-  cudaStream_t other = fake.create_stream("other");
   constexpr std::size_t bytes = 64 * KiB;
-  auto x = Bytes::alloc_async(*pool, bytes, side);
-  write_on(fake, side, x);
+  auto x = scene.written(side, bytes);
   wait_for(fake, used, side);
   x.record_stream(used);
   fake.launch(used, {{x.data(), bytes, false}}, {}, "ordinary read on used");
@@ -425,50 +436,17 @@ TEST_CASE("a buffer dropped on a joined stream goes to that capture before a cap
   check_replay_keeps(pool, graph, origin, other, bytes, x_at);
 }
 
-// A stream prepared for one CapturePool (the framework route, before its own begin) that joins
-// another CapturePool's capture instead: the gate found the prepared binding by the stream, saw
-// no capture under way there, and sent a buffer dropped on the stream back to the cache, while
-// the other capture's graph still read it (found in review, 2026-12-06).
-TEST_CASE("a drop on a prepared stream that joined another CapturePool's capture is that "
-          "capture's") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
-  cudaStream_t side = fake.create_stream("side");
-  cudaStream_t other = fake.create_stream("other");
-  constexpr std::size_t bytes = 64 * KiB;
-  auto x = Bytes::alloc_async(*pool, bytes, side);
-  write_on(fake, side, x);
-  fake.complete_all();
-  const void* x_at = x.data();
-  auto late = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(late, side, CaptureMode::relaxed);
-  auto cp = std::make_shared<CapturePool>(*pool);
-  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
-  wait_for(fake, side, origin);
-  fake.launch(side, {{x.data(), bytes, false}}, {}, "graph reads x");
-  x.reset();  // while late's preparation stays
-  wait_for(fake, origin, side);
-  streampool::detach_capture_with_pool(late);
-  late.reset();
-  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
-  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
-}
 
 // record_stream naming a joined stream the pool has no state for counted the use as the
 // capture's own stream's: the drop after the capture fenced that stream, not the joined one,
 // whose later work still read the buffer when another stream got it (found in review,
 // 2026-12-06).
 TEST_CASE("record_stream on a joined stream the pool has no state for covers its later work") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t origin = fake.create_stream("origin");
+  Scene scene;
+  auto& [pool, fake, origin, side, other] = scene;  // side: never used with the pool
   cudaStream_t home = fake.create_stream("home");
-  cudaStream_t side = fake.create_stream("side");  // never used with the pool
-  cudaStream_t other = fake.create_stream("other");
   constexpr std::size_t bytes = 3 * MiB;
-  auto x = Bytes::alloc_async(*pool, bytes, home);
-  write_on(fake, home, x);
+  auto x = scene.written(home, bytes);
   fake.complete_all();
   const void* x_at = x.data();
   auto cp = std::make_shared<CapturePool>(*pool);
