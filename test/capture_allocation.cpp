@@ -361,6 +361,38 @@ TEST_CASE("a shared block dropped on the captured stream during capture is adopt
   REQUIRE(pool->stats().live_allocations.current == 1);  // released with the pool
 }
 
+// An adopted block that only the capture's own stream used needs, once its CapturePool and graphs
+// are gone, only the fence recorded as the capture began and the graphs' replays (complete when
+// CUDA releases the pool). It got a need that only a device synchronize covers (its other uses,
+// none, were taken as unknown), and stayed parked until a trim or the out-of-memory ladder
+// synchronized the device (found in review, 2026-12-06).
+TEST_CASE("a block adopted from the captured stream alone comes back once its work is done") {
+  // A large range: a small block could come back to a list the next allocation does not look at
+  // before it takes another block of a slab (the same need, a different order).
+  constexpr std::size_t bytes = 3 * MiB;
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, bytes, s);
+  void* adopted = x.data();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s);
+  fake.launch(s, {{x.data(), x.byte_size(), true}});  // the graph uses it
+  x.reset();
+  {
+    auto graph = streampool::end_capture_with_pool(s, capture);
+    graph.launch(s);
+  }
+  capture.reset();
+  fake.complete_all();  // the replay done; no device synchronize
+  streampool::complete_graph_releases();  // the graph's reference on the CapturePool goes
+  // A stream with nothing cached: its allocation looks at what is parked, and finds it clean.
+  cudaStream_t t = fake.create_stream();
+  auto again = Bytes::alloc_async(*pool, bytes, t);
+  CHECK(pool->breakdown().parked_bytes == 0);
+  CHECK(static_cast<void*>(again.data()) == adopted);
+}
+
 TEST_CASE("a capture that fails or is abandoned leaks nothing and leaves the stream") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();

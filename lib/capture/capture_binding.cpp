@@ -238,7 +238,11 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noe
   std::vector<Need> needs;
   bool listed = true;
   if (!graph_only) {
-    listed = core_.fence_uses(in_capture ? uses.subspan(uses.empty() ? 0 : 1) : uses, needs);
+    // In the capture, the uses besides the capture's stream: none is none (fence_uses takes an
+    // empty list as uses unknown, which only a device synchronize covers: found in review,
+    // 2026-12-06).
+    const UseSpan others = in_capture && !uses.empty() ? uses.subspan(1) : uses;
+    listed = (in_capture && !uses.empty() && others.empty()) || core_.fence_uses(others, needs);
     if (listed && in_capture && now.before.timeline != nullptr) {
       try {
         needs.push_back(now.before);
@@ -272,12 +276,16 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
   // capture began. The other uses are fenced now; a stream that joined the capture cannot be
   // (a fence there would be the graph's), so its need is that stream's next fence, recorded once
   // the capture has ended (fence_now).
-  bool listed = captured == no_origin ? core_.fence_uses(uses, needs)
-                : captured == 0
-                    ? core_.fence_uses(uses.empty() ? uses : uses.subspan(1), needs)
-                    : core_.fence_uses(uses.first(captured), needs) &&
-                          (captured + 1 == uses.size() ||
-                           core_.fence_uses(uses.subspan(captured + 1), needs));
+  // (Other uses, where there are none, need nothing: fence_uses takes an empty list as uses
+  // unknown, which only a device synchronize covers. Found in review, 2026-12-06: a block used by
+  // the captured stream alone stayed parked until a trim synchronized the device.)
+  const auto fence_others = [&](UseSpan others) {
+    return others.empty() || core_.fence_uses(others, needs);
+  };
+  bool listed = captured == no_origin || uses.empty() ? core_.fence_uses(uses, needs)
+                : captured == 0 ? fence_others(uses.subspan(1))
+                                : fence_others(uses.first(captured)) &&
+                                      fence_others(uses.subspan(captured + 1));
   try {
     // Its needs complete before it is filed: filed without never(), a block whose uses could not
     // be listed would go back with the needs of some of them only.
