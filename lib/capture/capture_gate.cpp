@@ -142,7 +142,7 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // or else one such a stream joined. All of them: given to one only, the block went back to
   // the pool when that CapturePool went while another capture's graph still used it (found by
   // the model check and in review, 2026-12-06).
-  constexpr std::size_t most = 8;  // a drop names few streams; past this many, the first ones
+  constexpr std::size_t most = 8;  // a drop names few streams (past this many, the first count)
   struct Candidate {
     CaptureBinding* binding;
     std::size_t captured;  // which use is its capture's stream (0: the drop's own)
@@ -160,7 +160,9 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     found[count++] = {candidate, captured};
   };
   add(binding, 0);
-  add(joined(stream, uses.first(uses.empty() ? 0 : 1)), CaptureBinding::no_origin);
+  // (The drop's stream asked again only where no capture it is bound to has it now.)
+  add(joined(stream, uses.first(uses.empty() ? 0 : 1), /*ask_stream=*/binding == nullptr),
+      CaptureBinding::no_origin);
   for (std::size_t i = 1; i < uses.size(); ++i) {
     const StreamState* use = uses[i].state;
     if (use == nullptr || !use->current(uses[i].generation)) continue;
