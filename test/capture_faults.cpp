@@ -269,3 +269,32 @@ TEST_CASE("event destroys that fail while the pool is destroyed do not leak its 
   CHECK(fake->live_events() == 0);
   CHECK(fake->live_allocations() == 0);
 }
+
+// A raw free on this thread's per-thread stream while it captures with a pool, whose capture
+// status CUDA fails to give: the pool cannot find the stream's state, and the gate, which knows a
+// per-thread stream's binding by its state, did not see the capture, so the block went back to
+// the cache (parked until a device synchronize) while the graph could use it (the model check,
+// seed 9691, 2026-12-06).
+TEST_CASE("a raw free on a capturing per-thread stream whose status cannot be asked is the "
+          "capture's") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * 1024 + 512;
+  void* x = pool->allocate(bytes, cudaStreamPerThread);
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, cudaStreamPerThread);
+  fake.launch(cudaStreamPerThread, {{x, bytes, false}}, {}, "graph reads x");
+  fake.fail_next(Call::capture_info, 1);
+  pool->deallocate(x, bytes, cudaStreamPerThread);
+  fake.fail_next(Call::capture_info, 0);
+  CapturedGraph graph = streampool::end_capture_with_pool(cudaStreamPerThread, capture);
+  fake.complete_all();
+  pool->trim();
+  auto y = Bytes::alloc_async(*pool, bytes, other);
+  CHECK(static_cast<const void*>(y.data()) != x);
+  graph.launch(cudaStreamPerThread);
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+}

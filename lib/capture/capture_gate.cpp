@@ -115,11 +115,13 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // A per-thread stream is known by its state: the drop's first use is the buffer's own stream.
   const StreamState* state = uses.empty() ? nullptr : uses.front().state;
   CaptureBinding* binding = by_key(key_of(stream, state));
-  if (binding == nullptr && stream == cudaStreamPerThread && state != nullptr &&
-      state->handle == cudaStreamPerThread && state->addressable() &&
-      !state->current(uses.front().generation)) {
+  if (binding == nullptr && stream == cudaStreamPerThread &&
+      (state == nullptr || (state->handle == cudaStreamPerThread && state->addressable() &&
+                            !state->current(uses.front().generation)))) {
     // This thread's per-thread stream, released since the buffer was allocated and now captured
-    // under a new state: the same stream, so the same capture.
+    // under a new state: the same stream, so the same capture. Or a raw free on this thread's
+    // per-thread stream whose state the pool could not find (CUDA failed to give its status:
+    // the model check, seed 9691, 2026-12-06).
     binding = per_thread_here();
   }
   // Where this thread can name the stream (another thread's per-thread stream it cannot), CUDA
