@@ -217,7 +217,10 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // it is bound, false while `stream` is not capturing yet; it throws capture_mismatch when nothing
 // was prepared or when `stream` has joined a capture that another CapturePool of the same
 // MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the status
-// cannot be asked. An allocation or drop during
+// cannot be asked. `stream` must be the stream the framework began the capture on: one that only
+// joined a capture (begun without a pool, or by another MemoryPool's CapturePool) is taken as
+// capturing, and ending or abandoning the capture through it makes CUDA invalidate the capture
+// (an end on a joined stream is refused). An allocation or drop during
 // the capture before attach is not the pool's (it fails with capture_without_pool, or goes to the
 // shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
 // never throws. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
