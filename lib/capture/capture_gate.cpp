@@ -93,7 +93,8 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
   const CaptureBinding::Capture capture = binding->capture();
   const bool own = capture.stream == stream &&
                    (stream != cudaStreamPerThread || capture.token == this_thread_token());
-  StreamState* s = own ? capture.origin : core_.registry().joined_state(stream, error);
+  StreamState* s = own ? capture.origin : core_.registry().handle_state(stream, error);
+  if (s == nullptr && !error) error = Errc::capture_mismatch;
   Block* b = nullptr;
   if (s != nullptr) {
     b = binding->allocate(*s, bytes, error);
@@ -254,7 +255,7 @@ StreamState* CaptureGate::bound_state(cudaStream_t stream) noexcept {
   binding->unref();
   if (!capture.active) return nullptr;
   Failure error;
-  return core_.registry().joined_state(stream, error);
+  return core_.registry().handle_state(stream, error);
 }
 
 void CaptureGate::safe_point() noexcept {

@@ -101,11 +101,8 @@ StreamState* StreamRegistry::by_handle(cudaStream_t stream) noexcept {
   return it != by_handle_.end() ? it->second : nullptr;
 }
 
-StreamState* StreamRegistry::joined_state(cudaStream_t stream, Failure& error) noexcept {
-  if (!explicit_stream(stream)) {
-    error = Errc::capture_mismatch;
-    return nullptr;
-  }
+StreamState* StreamRegistry::handle_state(cudaStream_t stream, Failure& error) noexcept {
+  if (!explicit_stream(stream)) return nullptr;
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = by_handle_.find(stream); it != by_handle_.end()) return it->second;

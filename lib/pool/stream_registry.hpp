@@ -68,13 +68,13 @@ class StreamRegistry {
   Found find_as(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
   // The state registered for an explicit stream's handle, without a device call; null if none.
   StreamState* by_handle(cudaStream_t stream) noexcept;
-  // For an explicit stream that joined a capture, whose id cannot be asked until the capture
-  // ends: the state registered for its handle, or where there is none (never seen, released, or
+  // For an explicit stream whose id cannot be asked now (one the gate's work holds: gate.hpp):
+  // the state registered for its handle, or where there is none (never seen, released, or
   // retired as idle) a new one registered by the handle alone, under an id no stream has. The
-  // stream's first lookup by id after the capture registers it afresh and retires this one (a
-  // known handle with a new id, register_stream). Null, with out_of_memory, on host out of memory
-  // (and for a stream that is not explicit).
-  StreamState* joined_state(cudaStream_t stream, Failure& error) noexcept;
+  // stream's first lookup by id afterwards registers it afresh and retires this one (a known
+  // handle with a new id, register_stream). Null for a stream that is not explicit (error left
+  // clear), and on host out of memory (out_of_memory).
+  StreamState* handle_state(cudaStream_t stream, Failure& error) noexcept;
 
   // release_stream: the state registered for `id`, unregistered and retired; null if none.
   // `unwaited` as PoolCore::empty_retired's (set only where the last fence is virtual).
@@ -140,7 +140,7 @@ class StreamRegistry {
   std::size_t registered_ = 0;
   int gate_busy_ = 0;  // spells under way: states get `joinable` while it is not 0
   std::uint64_t created_ = 0;  // stream states made: the last one's Timeline::order
-  // joined_state's ids: above every id CUDA gives (a counter from 1), so none is a stream's.
+  // handle_state's ids: above every id CUDA gives (a counter from 1), so none is a stream's.
   static constexpr StreamId handle_only_ids = StreamId{1} << 63;
   StreamId handle_only_ = handle_only_ids;
 };
