@@ -13,44 +13,99 @@ namespace streampool::detail {
 template <StreamChecks checks>
 Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                              Failure& error) noexcept {
+  StreamRegistry::Found found;
+  if constexpr (checks == StreamChecks::none) {
+    // The lookup without a call: any other case is allocate_looking's, whole.
+    found = pool.registry_.cached_handle(stream);
+    if (found.state == nullptr || bytes == 0) [[unlikely]] {
+      return allocate_looking<checks>(pool, bytes, stream, error);
+    }
+  } else {
+    // These strategies ask CUDA on every lookup: the calls are made here, once.
+    if (bytes == 0) [[unlikely]] return allocate_looking<checks>(pool, bytes, stream, error);
+    GateStatus gate;
+    found = pool.registry_.find_as<checks>(stream, gate, error);
+    if (found.state == nullptr) [[unlikely]] return pool.unfound(bytes, stream, gate, error);
+  }
+  StreamState& s = *found.state;
+  if (pool.classes_.is_large(bytes) || !s.lock.try_enter_biased()) [[unlikely]] {
+    return pool.allocate_locking(s, found.generation, bytes, stream, error);
+  }
+  if (s.attention.load(std::memory_order_relaxed) == 0 &&
+      s.generation.load(std::memory_order_relaxed) == found.generation) [[likely]] {
+    if (Block* b = s.free[pool.classes_.class_of(bytes)].pop_front()) [[likely]] {
+      s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+      return pool.allocated_here<true>(s, b, bytes, stream);
+    }
+  }
+  s.lock.leave_biased();
+  return pool.allocate_slow(s, found.generation, bytes, stream, error);
+}
+
+template <StreamChecks checks>
+Block* PoolCore::allocate_looking(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
+                                  Failure& error) noexcept {
   if (bytes == 0) {
     error = Errc::invalid_value;
     return nullptr;
   }
   GateStatus gate;
   const StreamRegistry::Found found = pool.registry_.find_as<checks>(stream, gate, error);
-  if (found.state == nullptr) {
-    if (!error) return pool.allocate_gated(bytes, stream, gate, error);
-    // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()). What CUDA said
-    // stays in the failure.
-    if (error == gate_invalidated()) error.code = ungated();
-    return nullptr;
-  }
-  StreamState& s = *found.state;
-  const bool large = pool.classes_.is_large(bytes);
+  if (found.state == nullptr) return pool.unfound(bytes, stream, gate, error);
+  return pool.allocate_locking(*found.state, found.generation, bytes, stream, error);
+}
+
+Block* PoolCore::unfound(std::size_t bytes, cudaStream_t stream, const GateStatus& gate,
+                         Failure& error) noexcept {
+  if (!error) return allocate_gated(bytes, stream, gate, error);
+  // CUDA refused the id: the stream is behind no gate (gate.hpp, ungated()). What CUDA said
+  // stays in the failure.
+  if (error == gate_invalidated()) error.code = ungated();
+  return nullptr;
+}
+
+Block* PoolCore::allocate_locking(StreamState& s, std::uint32_t generation, std::size_t bytes,
+                                  cudaStream_t stream, Failure& error) noexcept {
+  const bool large = classes_.is_large(bytes);
   if (!large || s.shelved.load(std::memory_order_relaxed) != 0) {
     s.lock.lock();
     if (s.attention.load(std::memory_order_relaxed) == 0 &&
-        s.generation.load(std::memory_order_relaxed) == found.generation) {
+        s.generation.load(std::memory_order_relaxed) == generation) {
       Block* b = nullptr;
       if (!large) {
-        b = s.free[pool.classes_.class_of(bytes)].pop_front();
+        b = s.free[classes_.class_of(bytes)].pop_front();
         if (b != nullptr) s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
       } else {
-        b = pool.take_shelved(s, bytes);
+        b = take_shelved(s, bytes);
       }
-      if (b != nullptr) {
-        pool.reused_here(s, b->need, b->size);
-        ++s.counters.hits;
-        pool.count_allocation(s, b, bytes);
-        s.lock.unlock();
-        pool.announce_live(b, stream);
-        return b;
-      }
+      if (b != nullptr) return allocated_here<false>(s, b, bytes, stream);
     }
     s.lock.unlock();
   }
-  return pool.allocate_slow(s, found.generation, bytes, stream, error);
+  return allocate_slow(s, generation, bytes, stream, error);
+}
+
+template <bool biased>
+[[gnu::always_inline]] inline Block* PoolCore::allocated_here(StreamState& s, Block* b, std::size_t bytes,
+                                cudaStream_t stream) noexcept {
+  reused_here(s, b->need, b->size);
+  ++s.counters.hits;
+  const bool publish_due = count_live(s, b, bytes);
+  if (publish_due || notify_) [[unlikely]] return allocated_rare(s, b, stream, publish_due);
+  if constexpr (biased) {
+    s.lock.leave_biased();
+  } else {
+    s.lock.unlock();
+  }
+  return b;
+}
+
+Block* PoolCore::allocated_rare(StreamState& s, Block* b, cudaStream_t stream,
+                                bool publish_due) noexcept {
+  if (publish_due) publish(s.counters);
+  s.lock.unlock();
+  announce_live(b, stream);
+  return b;
 }
 
 PoolCore::AllocateFn PoolCore::allocate_of(StreamChecks checks) noexcept {
@@ -63,17 +118,7 @@ PoolCore::AllocateFn PoolCore::allocate_of(StreamChecks checks) noexcept {
 }
 
 void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noexcept {
-  STREAMPOOL_ASSERT(b->requested == 0 && b->recorded == nullptr);
-  b->home = &s;
-  b->home_generation = s.generation.load(std::memory_order_relaxed);
-  if (!b->large) b->free = false;  // a large range's flag is the arena's, under its mutex
-  b->requested = bytes;
-  StreamCounters& c = s.counters;
-  c.requested += static_cast<std::int64_t>(bytes);
-  c.requested_total += static_cast<std::int64_t>(bytes);
-  ++c.live;
-  ++c.live_total;
-  if (c.requested > c.requested_published || c.live > c.live_published) publish(c);
+  if (count_live(s, b, bytes)) publish(s.counters);
 }
 
 Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,

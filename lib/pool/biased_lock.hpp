@@ -91,6 +91,35 @@ class BiasedLock {
     lock_slow();
   }
 
+  // The fast paths' entry (allocate_as, drop): the bias owner's entry above and nothing else,
+  // with no call, so that a path which takes the lock this way and leaves by leave_biased() calls
+  // nothing it returns from (the callers' rare cases jump to a function that takes the lock
+  // again). False where that entry is not open now: the caller takes lock() instead.
+  bool try_enter_biased() noexcept {
+    Owner* const me = biased_lock::this_thread;
+    if (me == nullptr || bias_.load(std::memory_order_relaxed) != me ||
+        me->inside.load(std::memory_order_relaxed) != nullptr) {
+      return false;
+    }
+    me->inside.store(this, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // as in lock()
+    if (!revoking_.load(std::memory_order_acquire) &&
+        bias_.load(std::memory_order_relaxed) == me) {
+      held_ = Held::through_bias;
+      return true;
+    }
+    me->inside.store(nullptr, std::memory_order_release);
+    return false;
+  }
+  // unlock() for a thread that entered through its bias (the caller knows it did).
+  void leave_biased() noexcept {
+    STREAMPOOL_ASSERT(held_ == Held::through_bias);
+    held_ = Held::inner;
+    Owner* const me = biased_lock::this_thread;
+    STREAMPOOL_ASSERT(bias_.load(std::memory_order_relaxed) == me && me->inside.load() == this);
+    me->inside.store(nullptr, std::memory_order_release);
+  }
+
   void unlock() noexcept {
     if (held_ == Held::through_bias) {
       held_ = Held::inner;

@@ -15,31 +15,70 @@
 
 namespace streampool::detail {
 
+// The fast path: a small block dropped on its own stream, which this thread takes through the
+// lock's bias. It calls nothing it returns from.
+[[gnu::always_inline]] void PoolCore::drop_unannounced(Block* b,
+                                                              cudaStream_t stream) noexcept {
+  StreamState& s = *b->home;
+  if (b->large || b->recorded != nullptr || b->keeper != nullptr ||
+      !s.lock.try_enter_biased()) [[unlikely]] {
+    return drop_locking(b, stream);
+  }
+  if (!droppable_here(s, b)) [[unlikely]] {
+    s.lock.leave_biased();
+    return drop_locking(b, stream);
+  }
+  return dropped_on_list<true>(s, b);
+}
+
 void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
   // Before the block is on any list, where another thread may take it and announce it live. A
   // gate-owned piece (keeper) was never announced (the layer above announced its range as held).
   // Announced on the block's own stream, as it is placed: this thread may be another than the one
   // whose per-thread stream `stream` named (a release the gate's layer completed at a safe point).
+  if (notify_) [[unlikely]] return drop_announcing(b, stream);
+  drop_unannounced(b, stream);
+}
+
+void PoolCore::drop_announcing(Block* b, cudaStream_t stream) noexcept {
   if (b->keeper == nullptr) announce_dropped_home(b, stream);
+  drop_unannounced(b, stream);
+}
+
+template <bool biased>
+[[gnu::always_inline]] inline void PoolCore::dropped_on_list(StreamState& s, Block* b) noexcept {
+  const bool publish_due = uncount(s, b);  // not retired: droppable_here saw no attention bit
+  b->free = true;
+  b->need = s.need_now();
+  s.free[b->size_class].push_front(b);
+  s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + 1);
+  // dropped_here, where droppable_here holds: below the bound, and no fence asked for.
+  s.unfenced_bytes += b->size;
+  const bool clock = clock_due(s);
+  if (publish_due || clock || s.orphaned) [[unlikely]] return dropped_rare(s, publish_due, clock);
+  if constexpr (biased) {
+    s.lock.leave_biased();
+  } else {
+    s.lock.unlock();
+  }
+}
+
+void PoolCore::dropped_rare(StreamState& s, bool publish_due, bool clock) noexcept {
+  if (publish_due) publish(s.counters);
+  if (clock && past_time_bound(s)) fence_or_ask(s);  // the time bound
+  const bool orphaned = s.orphaned;
+  s.lock.unlock();
+  if (orphaned) count_down();
+}
+
+void PoolCore::drop_locking(Block* b, cudaStream_t stream) noexcept {
   StreamState& s = *b->home;
   // While the gate is busy (PoolCore::gate_busy_begins), every state has the `joinable` bit and
   // every drop asks the gate (drop_slow): any stream may have joined the gate's work, and only
   // the gate can tell.
   if (!b->large && b->recorded == nullptr && b->keeper == nullptr) {
     s.lock.lock();
-    if (s.attention.load(std::memory_order_relaxed) == 0 &&
-        s.generation.load(std::memory_order_relaxed) == b->home_generation &&
-        s.unfenced_bytes + b->size < s.unfenced_limit) {
-      const bool orphaned = count_release(s, b);
-      b->free = true;
-      b->need = s.need_now();
-      s.free[b->size_class].push_front(b);
-      s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) + 1);
-      if (dropped_here(s, b->size)) fence_or_ask(s);  // the time bound
-      s.lock.unlock();
-      if (orphaned) count_down();
-      return;
-    }
+    if (droppable_here(s, b)) return dropped_on_list<false>(s, b);
     s.lock.unlock();
   } else if (b->large && b->recorded == nullptr && b->keeper == nullptr &&
              options_.large_shelf != 0) {

@@ -216,10 +216,16 @@ class PoolCore {
     s.unfenced_bytes += bytes;
     if (s.unfenced_bytes >= s.unfenced_limit) return true;
     if ((s.attention.load(std::memory_order_relaxed) & wants_fence) != 0) return true;
-    if (policy_.unfenced_ns == 0 || s.unfenced_limit == unbounded ||
-        ++s.drops % FencePolicy::clock_every != 0) {
-      return false;
-    }
+    return clock_due(s) && past_time_bound(s);
+  }
+  // One more drop under the time bound: true when it is the one that reads the clock. [s.lock]
+  bool clock_due(StreamState& s) const noexcept {
+    return policy_.unfenced_ns != 0 && s.unfenced_limit != unbounded &&
+           ++s.drops % FencePolicy::clock_every == 0;
+  }
+  // Reads the clock: true when s's unfenced bytes are older than the time bound, whose start is
+  // the first reading after s's last fence. [s.lock]
+  bool past_time_bound(StreamState& s) const noexcept {
     const std::int64_t now = now_ns();
     if (s.unfenced_since_ns == 0) {
       s.unfenced_since_ns = now;
@@ -380,22 +386,28 @@ class PoolCore {
   void take_shelf(StreamState& s, BlockList& out) noexcept;
   // [s.lock] The block is no longer live on s; true when the core is orphaned (count down).
   bool count_release(StreamState& s, Block* b) noexcept {
+    const bool due = uncount(s, b);
+    // A retired stream publishes exactly: its slack would stay in the sums while its state
+    // waits to be recycled, however long that is. (Retiring one ended the one-stream regime.)
+    if ((s.attention.load(std::memory_order_relaxed) & retired) != 0) {
+      publish(s.counters, true);
+    } else if (due) {
+      publish(s.counters);
+    }
+    return s.orphaned;
+  }
+  // [s.lock] count_release's counting, for a stream not retired: true when s's counters are to
+  // be published now (their falls are past the slack). With one stream, its falls wait
+  // (falls_wait_): what it published is at least the truth, and only its own rises, published
+  // exactly, raise the peaks.
+  bool uncount(StreamState& s, Block* b) const noexcept {
     StreamCounters& c = s.counters;
     c.requested -= static_cast<std::int64_t>(b->requested);
     --c.live;
     b->requested = 0;
-    // A retired stream publishes exactly: its slack would stay in the sums while its state
-    // waits to be recycled, however long that is. (Retiring one ended the one-stream regime.)
-    // With one stream, its falls wait (falls_wait_): what it published is at least the truth,
-    // and only its own rises, published exactly, raise the peaks.
-    if ((s.attention.load(std::memory_order_relaxed) & retired) != 0) {
-      publish(c, true);
-    } else if ((c.requested_published - c.requested > byte_slack_ ||
-                c.live_published - c.live > count_slack_) &&
-               !falls_wait_.load(std::memory_order_relaxed)) {
-      publish(c);
-    }
-    return s.orphaned;
+    return (c.requested_published - c.requested > byte_slack_ ||
+            c.live_published - c.live > count_slack_) &&
+           !falls_wait_.load(std::memory_order_relaxed);
   }
   // pool_core.cpp
   void count_down() noexcept;
@@ -412,6 +424,53 @@ class PoolCore {
   template <StreamChecks checks>
   static Block* allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                             Failure& error) noexcept;
+  // The fast paths (allocate.cpp, drop.cpp) are written so that they call nothing they return
+  // from: each rare case jumps to one of the functions below, which does the whole of it. A
+  // function that calls and then goes on keeps its values in callee-saved registers, and every
+  // call pays for saving and restoring them (a dozen instructions of a pair of about 350).
+  template <StreamChecks checks>
+  static Block* allocate_looking(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
+                                 Failure& error) noexcept;  // the stream's lookup, then:
+  // find() gave no state: the gate's allocation (a capturing stream), or the failure CUDA gave.
+  Block* unfound(std::size_t bytes, cudaStream_t stream, const GateStatus& gate,
+                 Failure& error) noexcept;
+  Block* allocate_locking(StreamState& s, std::uint32_t generation, std::size_t bytes,
+                          cudaStream_t stream, Failure& error) noexcept;  // s's lock, any way
+  // [s.lock, taken as `biased` says] A free block of s, just off its list, goes live on s; s's
+  // lock goes.
+  template <bool biased>
+  Block* allocated_here(StreamState& s, Block* b, std::size_t bytes, cudaStream_t stream) noexcept;
+  Block* allocated_rare(StreamState& s, Block* b, cudaStream_t stream, bool publish_due) noexcept;
+  void drop_announcing(Block* b, cudaStream_t stream) noexcept;  // drop() where notify_
+  inline void drop_unannounced(Block* b, cudaStream_t stream) noexcept;  // drop.cpp alone
+  void drop_locking(Block* b, cudaStream_t stream) noexcept;
+  // [s.lock, taken as `biased` says] A small block of s dropped on s, which droppable_here
+  // allows, goes onto s's list; s's lock goes.
+  template <bool biased>
+  void dropped_on_list(StreamState& s, Block* b) noexcept;
+  void dropped_rare(StreamState& s, bool publish_due, bool clock) noexcept;
+  // [s.lock] May a small block of s dropped on s go straight onto s's list? Not when s needs
+  // attention, was retired or recycled since the block's allocation, or the drop would pass
+  // s's unfenced bound.
+  static bool droppable_here(const StreamState& s, const Block* b) noexcept {
+    return s.attention.load(std::memory_order_relaxed) == 0 &&
+           s.generation.load(std::memory_order_relaxed) == b->home_generation &&
+           s.unfenced_bytes + b->size < s.unfenced_limit;
+  }
+  // [s.lock] count_allocation's counting: true when s's counters are to be published now.
+  bool count_live(StreamState& s, Block* b, std::size_t bytes) noexcept {
+    STREAMPOOL_ASSERT(b->requested == 0 && b->recorded == nullptr);
+    b->home = &s;
+    b->home_generation = s.generation.load(std::memory_order_relaxed);
+    if (!b->large) b->free = false;  // a large range's flag is the arena's, under its mutex
+    b->requested = bytes;
+    StreamCounters& c = s.counters;
+    c.requested += static_cast<std::int64_t>(bytes);
+    c.requested_total += static_cast<std::int64_t>(bytes);
+    ++c.live;
+    ++c.live_total;
+    return c.requested > c.requested_published || c.live > c.live_published;
+  }
 
   std::shared_ptr<Device> device_;  // the user's device, decorated (reserved limit, nvtx)
   const bool notify_;               // device_->wants_notifications(), asked once

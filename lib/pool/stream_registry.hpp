@@ -66,6 +66,22 @@ class StreamRegistry {
   // its instance once (PoolCore::allocate_as). The pool's checks_ must be `checks`.
   template <StreamChecks checks>
   Found find_as(cudaStream_t stream, GateStatus& gate, Failure& error) noexcept;
+  // This thread's cached state for `key` (a handle under StreamChecks::none, an id otherwise),
+  // with no call at all; {} on a miss.
+  Found cached(std::uint64_t key) const noexcept {
+    for (const CachedStream& entry : stream_cache) {
+      if (entry.pool == uid_ && entry.key == key &&
+          entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
+        return {entry.state, entry.generation};
+      }
+    }
+    return {};
+  }
+  // find_as<none> where it needs no call: {} when it would need one (the gate engaged, a miss).
+  Found cached_handle(cudaStream_t stream) const noexcept {
+    if (gate_engaged()) return {};
+    return cached(reinterpret_cast<std::uintptr_t>(stream));
+  }
   // The state registered for an explicit stream's handle, without a device call; null if none.
   StreamState* by_handle(cudaStream_t stream) noexcept;
   // For an explicit stream whose id cannot be asked now (one the gate's work holds: gate.hpp):
@@ -160,12 +176,7 @@ inline StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateSt
     if (!ask_id(stream, gate, id, error)) return {};
     key = id;
   }
-  for (const CachedStream& entry : stream_cache) {
-    if (entry.pool == uid_ && entry.key == key &&
-        entry.state->generation.load(std::memory_order_acquire) == entry.generation) {
-      return {entry.state, entry.generation};
-    }
-  }
+  if (const Found found = cached(key); found.state != nullptr) return found;
   if constexpr (checks == StreamChecks::none) {
     if (!ask_id(stream, gate, id, error)) return {};
   }
