@@ -28,13 +28,19 @@ Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t str
     if (found.state == nullptr) [[unlikely]] return pool.unfound(bytes, stream, gate, error);
   }
   StreamState& s = *found.state;
-  if (pool.classes_.is_large(bytes) || !s.lock.try_enter_biased()) [[unlikely]] {
+  const bool large = pool.classes_.is_large(bytes);
+  if ((large && s.shelved.load(std::memory_order_relaxed) == 0) || !s.lock.try_enter_biased())
+      [[unlikely]] {
     return pool.allocate_locking(s, found.generation, bytes, stream, error);
   }
   if (s.attention.load(std::memory_order_relaxed) == 0 &&
       s.generation.load(std::memory_order_relaxed) == found.generation) [[likely]] {
-    if (Block* b = s.free[pool.classes_.class_of(bytes)].pop_front()) [[likely]] {
-      s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+    if (!large) [[likely]] {
+      if (Block* b = s.free[pool.classes_.class_of(bytes)].pop_front()) [[likely]] {
+        s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+        return pool.allocated_here<true>(s, b, bytes, stream);
+      }
+    } else if (Block* b = pool.take_shelved(s, bytes)) {
       return pool.allocated_here<true>(s, b, bytes, stream);
     }
   }

@@ -20,15 +20,17 @@ namespace streampool::detail {
 [[gnu::always_inline]] void PoolCore::drop_unannounced(Block* b,
                                                               cudaStream_t stream) noexcept {
   StreamState& s = *b->home;
-  if (b->large || b->recorded != nullptr || b->keeper != nullptr ||
-      !s.lock.try_enter_biased()) [[unlikely]] {
+  if (b->recorded != nullptr || b->keeper != nullptr ||
+      (b->large && options_.large_shelf == 0) || !s.lock.try_enter_biased()) [[unlikely]] {
     return drop_locking(b, stream);
   }
-  if (!droppable_here(s, b)) [[unlikely]] {
-    s.lock.leave_biased();
-    return drop_locking(b, stream);
+  if (!b->large) [[likely]] {
+    if (droppable_here(s, b)) [[likely]] return dropped_on_list<true>(s, b);
+  } else if (shelvable_here(s, b)) {
+    return dropped_on_shelf<true>(s, b);
   }
-  return dropped_on_list<true>(s, b);
+  s.lock.leave_biased();
+  drop_locking(b, stream);
 }
 
 void PoolCore::drop(Block* b, cudaStream_t stream) noexcept {
@@ -63,6 +65,44 @@ template <bool biased>
   }
 }
 
+// A large range used on its own stream alone: onto the stream's shelf (shelf.cpp). The fence
+// policy holds as for a range kept in the arena (keep_on): with several streams, a drop past the
+// unfenced bound records a fence here.
+template <bool biased>
+[[gnu::always_inline]] inline void PoolCore::dropped_on_shelf(StreamState& s, Block* b) noexcept {
+  const bool publish_due = uncount(s, b);  // not retired: shelvable_here saw no attention bit
+  b->need = s.need_now();
+  const bool full = shelve(s, b);
+  // dropped_here, where shelvable_here holds: no fence asked for.
+  s.unfenced_bytes += b->size;
+  const bool past_bound = s.unfenced_bytes >= s.unfenced_limit;
+  const bool clock = !past_bound && clock_due(s);
+  if (publish_due || full || past_bound || clock || s.orphaned) [[unlikely]] {
+    return shelved_rare(s, publish_due, past_bound, clock);
+  }
+  if constexpr (biased) {
+    s.lock.leave_biased();
+  } else {
+    s.lock.unlock();
+  }
+}
+
+void PoolCore::shelved_rare(StreamState& s, bool publish_due, bool past_bound,
+                            bool clock) noexcept {
+  if (publish_due) publish(s.counters);
+  Block* oldest = shelf_overflow(s);
+  if (past_bound || (clock && past_time_bound(s))) fence_or_ask(s);
+  const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
+  const bool orphaned = s.orphaned;
+  // The core must outlive to_arena: ~MemoryPool, on another thread, may count the live buffers
+  // as soon as this lock goes, and the range just dropped is no longer among them.
+  if (oldest != nullptr) keep();
+  s.lock.unlock();
+  if (oldest != nullptr) to_arena(s, generation, oldest);
+  if (orphaned) count_down();
+  if (oldest != nullptr) let_go();  // last: it may destroy the core
+}
+
 void PoolCore::dropped_rare(StreamState& s, bool publish_due, bool clock) noexcept {
   if (publish_due) publish(s.counters);
   if (clock && past_time_bound(s)) fence_or_ask(s);  // the time bound
@@ -82,25 +122,8 @@ void PoolCore::drop_locking(Block* b, cudaStream_t stream) noexcept {
     s.lock.unlock();
   } else if (b->large && b->recorded == nullptr && b->keeper == nullptr &&
              options_.large_shelf != 0) {
-    // A large range used on its own stream alone: onto the stream's shelf (shelf.cpp). The fence
-    // policy holds as for a range kept in the arena (keep_on): with several streams, a drop past
-    // the unfenced bound records a fence here.
     s.lock.lock();
-    const std::uint32_t generation = s.generation.load(std::memory_order_relaxed);
-    if (s.attention.load(std::memory_order_relaxed) == 0 && generation == b->home_generation) {
-      const bool orphaned = count_release(s, b);
-      b->need = s.need_now();
-      Block* oldest = shelve(s, b);
-      if (dropped_here(s, b->size)) fence_or_ask(s);
-      // The core must outlive to_arena: ~MemoryPool, on another thread, may count the live
-      // buffers as soon as this lock goes, and this one is no longer among them.
-      if (oldest != nullptr) keep();
-      s.lock.unlock();
-      if (oldest != nullptr) to_arena(s, generation, oldest);
-      if (orphaned) count_down();
-      if (oldest != nullptr) let_go();  // last: it may destroy the core
-      return;
-    }
+    if (shelvable_here(s, b)) return dropped_on_shelf<false>(s, b);
     s.lock.unlock();
   }
 

@@ -371,9 +371,17 @@ class PoolCore {
   // [s.lock] The newest shelved range of `bytes` rounded to large_rounding, off the shelf; or
   // null.
   Block* take_shelved(StreamState& s, std::size_t bytes) noexcept;
-  // [s.lock] Puts a large range just dropped on s (its need set) on s's shelf; returns the
-  // oldest one when that made the shelf too long, for the caller to give to_arena() unlocked.
-  Block* shelve(StreamState& s, Block* range) noexcept;
+  // [s.lock] Puts a large range just dropped on s (its need set) on s's shelf; true when that
+  // made the shelf too long (shelf_overflow then takes the oldest off).
+  bool shelve(StreamState& s, Block* range) noexcept {
+    STREAMPOOL_ASSERT(range->large && !range->free && range->requested == 0);
+    s.shelf.push_front(range);
+    s.shelved.store(static_cast<std::uint32_t>(s.shelf.count), std::memory_order_relaxed);
+    return s.shelf.count > options_.large_shelf;
+  }
+  // [s.lock] The oldest range of s's shelf off it, where the shelf is too long, for the caller
+  // to give to_arena() unlocked; else null.
+  Block* shelf_overflow(StreamState& s) noexcept;
   // [nothing locked] A range of s (as of `generation`) back to the arena with its need.
   // `named`: the call names s (a drop on it, its own allocation), so it may record the fence the
   // policy then wants; otherwise s's next call is asked for it (a fence is recorded only inside
@@ -449,6 +457,14 @@ class PoolCore {
   template <bool biased>
   void dropped_on_list(StreamState& s, Block* b) noexcept;
   void dropped_rare(StreamState& s, bool publish_due, bool clock) noexcept;
+  // The same for a large range of s dropped on s, onto its shelf (shelf.cpp).
+  static bool shelvable_here(const StreamState& s, const Block* b) noexcept {
+    return s.attention.load(std::memory_order_relaxed) == 0 &&
+           s.generation.load(std::memory_order_relaxed) == b->home_generation;
+  }
+  template <bool biased>
+  void dropped_on_shelf(StreamState& s, Block* b) noexcept;
+  void shelved_rare(StreamState& s, bool publish_due, bool past_bound, bool clock) noexcept;
   // [s.lock] May a small block of s dropped on s go straight onto s's list? Not when s needs
   // attention, was retired or recycled since the block's allocation, or the drop would pass
   // s's unfenced bound.

@@ -35,15 +35,13 @@ Block* PoolCore::take_shelved(StreamState& s, std::size_t bytes) noexcept {
   return best;
 }
 
-Block* PoolCore::shelve(StreamState& s, Block* range) noexcept {
-  STREAMPOOL_ASSERT(range->large && !range->free && range->requested == 0);
-  s.shelf.push_front(range);
+Block* PoolCore::shelf_overflow(StreamState& s) noexcept {
   Block* oldest = nullptr;
   if (s.shelf.count > options_.large_shelf) {
     oldest = s.shelf.tail;
     s.shelf.remove(oldest);
+    s.shelved.store(static_cast<std::uint32_t>(s.shelf.count), std::memory_order_relaxed);
   }
-  s.shelved.store(static_cast<std::uint32_t>(s.shelf.count), std::memory_order_relaxed);
   return oldest;
 }
 
