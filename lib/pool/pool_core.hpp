@@ -447,7 +447,8 @@ class PoolCore {
   // [s.lock, taken as `biased` says] A free block of s, just off its list, goes live on s; s's
   // lock goes.
   template <bool biased>
-  Block* allocated_here(StreamState& s, Block* b, std::size_t bytes, cudaStream_t stream) noexcept;
+  inline Block* allocated_here(StreamState& s, Block* b, std::size_t bytes,
+                               cudaStream_t stream) noexcept;
   Block* allocated_rare(StreamState& s, Block* b, cudaStream_t stream, bool publish_due) noexcept;
   void drop_announcing(Block* b, cudaStream_t stream) noexcept;  // drop() where notify_
   inline void drop_unannounced(Block* b, cudaStream_t stream) noexcept;  // drop.cpp alone
@@ -455,7 +456,7 @@ class PoolCore {
   // [s.lock, taken as `biased` says] A small block of s dropped on s, which droppable_here
   // allows, goes onto s's list; s's lock goes.
   template <bool biased>
-  void dropped_on_list(StreamState& s, Block* b) noexcept;
+  inline void dropped_on_list(StreamState& s, Block* b) noexcept;
   void dropped_rare(StreamState& s, bool publish_due, bool clock) noexcept;
   // The same for a large range of s dropped on s, onto its shelf (shelf.cpp).
   static bool shelvable_here(const StreamState& s, const Block* b) noexcept {
@@ -463,7 +464,7 @@ class PoolCore {
            s.generation.load(std::memory_order_relaxed) == b->home_generation;
   }
   template <bool biased>
-  void dropped_on_shelf(StreamState& s, Block* b) noexcept;
+  inline void dropped_on_shelf(StreamState& s, Block* b) noexcept;
   void shelved_rare(StreamState& s, bool publish_due, bool past_bound, bool clock) noexcept;
   // [s.lock] May a small block of s dropped on s go straight onto s's list? Not when s needs
   // attention, was retired or recycled since the block's allocation, or the drop would pass
