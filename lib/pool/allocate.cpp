@@ -21,11 +21,27 @@ Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t str
       return allocate_looking<checks>(pool, bytes, stream, error);
     }
   } else {
-    // These strategies ask CUDA on every lookup: the calls are made here, once.
+    // These strategies ask CUDA on every lookup: the questions find_as asks (ask_id's), asked
+    // here, with nothing around the two calls to the device but their verdicts (through
+    // find_as, a pair ran about 50 instructions more). An answer is never asked again: a
+    // failure is CUDA's to report, as it gave it.
     if (bytes == 0) [[unlikely]] return allocate_looking<checks>(pool, bytes, stream, error);
-    GateStatus gate;
-    found = pool.registry_.find_as<checks>(stream, gate, error);
-    if (found.state == nullptr) [[unlikely]] return pool.unfound(bytes, stream, gate, error);
+    Device& device = *pool.device_;
+    if constexpr (checks == StreamChecks::full) {
+      GateStatus gate;
+      gate.error = device.capture_info(stream, &gate.status, nullptr);
+      if (gate.error != cudaSuccess || gate.status != CaptureStatus::none) [[unlikely]] {
+        return pool.allocate_unordinary(bytes, stream, gate, error);
+      }
+    } else if (gate_engaged()) [[unlikely]] {
+      return allocate_looking<checks>(pool, bytes, stream, error);  // the status first
+    }
+    StreamId id = 0;
+    if (!StreamRegistry::id_answered(device.stream_id(stream, &id), error)) [[unlikely]] {
+      return pool.unfound(bytes, stream, GateStatus{}, error);
+    }
+    found = pool.registry_.find_by_id(stream, id, error);
+    if (found.state == nullptr) [[unlikely]] return nullptr;  // host out of memory
   }
   StreamState& s = *found.state;
   const bool large = pool.classes_.is_large(bytes);
@@ -59,6 +75,14 @@ Block* PoolCore::allocate_looking(PoolCore& pool, std::size_t bytes, cudaStream_
   const StreamRegistry::Found found = pool.registry_.find_as<checks>(stream, gate, error);
   if (found.state == nullptr) return pool.unfound(bytes, stream, gate, error);
   return pool.allocate_locking(*found.state, found.generation, bytes, stream, error);
+}
+
+Block* PoolCore::allocate_unordinary(std::size_t bytes, cudaStream_t stream, GateStatus first,
+                                     Failure& error) noexcept {
+  const GateStatus gate = gate_status_after(*device_, stream, first);
+  if (!StreamRegistry::id_allowed(gate, error)) return unfound(bytes, stream, gate, error);
+  // The capture ended between the two questions: the stream is asked again from the start.
+  return allocate_looking<StreamChecks::full>(*this, bytes, stream, error);
 }
 
 Block* PoolCore::unfound(std::size_t bytes, cudaStream_t stream, const GateStatus& gate,

@@ -73,13 +73,18 @@ struct GateStatus {
 // capture (the status alone costs 15-20 ns on the H200, with the id 18-27; a same-stream pair
 // showed no difference beyond the host's noise: bench/results/h200-capture-status-ab-7832406.md).
 // A capture that ended or began between the two questions is seen as the second one says.
+inline GateStatus gate_status_after(Device& device, cudaStream_t stream, GateStatus first) noexcept;
 inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
   GateStatus s;
   s.error = device.capture_info(stream, &s.status, nullptr);
-  if (s.error == cudaSuccess && s.status == CaptureStatus::active) {
-    s.error = device.capture_info(stream, &s.status, &s.id);
+  return gate_status_after(device, stream, s);
+}
+// gate_status, once the status alone was asked (`first`, with no id).
+inline GateStatus gate_status_after(Device& device, cudaStream_t stream, GateStatus first) noexcept {
+  if (first.error == cudaSuccess && first.status == CaptureStatus::active) {
+    first.error = device.capture_info(stream, &first.status, &first.id);
   }
-  return s;
+  return first;
 }
 // The failure of a status query that did not answer (status.error != cudaSuccess).
 inline Failure gate_status_failure(const GateStatus& status) noexcept {

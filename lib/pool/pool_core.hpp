@@ -439,6 +439,10 @@ class PoolCore {
   template <StreamChecks checks>
   static Block* allocate_looking(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                                  Failure& error) noexcept;  // the stream's lookup, then:
+  // StreamChecks::full's allocation where the stream's status, asked alone (`first`), is not
+  // "none": ask_id's verdict on it, completed.
+  Block* allocate_unordinary(std::size_t bytes, cudaStream_t stream, GateStatus first,
+                             Failure& error) noexcept;
   // find() gave no state: the gate's allocation (a capturing stream), or the failure CUDA gave.
   Block* unfound(std::size_t bytes, cudaStream_t stream, const GateStatus& gate,
                  Failure& error) noexcept;

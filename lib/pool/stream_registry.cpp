@@ -39,18 +39,23 @@ bool StreamRegistry::ask_id(cudaStream_t stream, GateStatus& gate, StreamId& id,
   Device& device = pool_.device();
   if (checks_ == StreamChecks::full || gate_engaged()) {
     gate = gate_status(device, stream);
-    if (gate.error != cudaSuccess) {
-      error = gate_status_failure(gate);
-      return false;
-    }
-    if (gate.capturing()) return false;
+    if (!id_allowed(gate, error)) return false;
   }
-  const cudaError_t status = device.stream_id(stream, &id);
-  if (status != cudaSuccess) {
-    error = Failure::of(status, "cudaStreamGetId");
+  return id_answered(device.stream_id(stream, &id), error);
+}
+
+bool StreamRegistry::id_allowed(const GateStatus& gate, Failure& error) noexcept {
+  if (gate.error != cudaSuccess) {
+    error = gate_status_failure(gate);
     return false;
   }
-  return true;
+  return !gate.capturing();
+}
+
+bool StreamRegistry::id_answered(cudaError_t status, Failure& error) noexcept {
+  if (status == cudaSuccess) return true;
+  error = Failure::of(status, "cudaStreamGetId");
+  return false;
 }
 
 StreamRegistry::Strategy StreamRegistry::strategy_of(StreamChecks checks) noexcept {

@@ -77,6 +77,18 @@ class StreamRegistry {
     }
     return {};
   }
+  // The state of the stream whose id CUDA gave (not capturing: the caller asked as ask_id
+  // does), registering it when new; {} only on host out of memory (`error`). For identity and
+  // full.
+  Found find_by_id(cudaStream_t stream, StreamId id, Failure& error) noexcept {
+    if (const Found found = cached(id); found.state != nullptr) return found;
+    return lookup(stream, id, id, error);
+  }
+  // ask_id's two verdicts, for a caller that asks as it does: may the id be asked, given the
+  // stream's capture status (false, `error` set, where the status could not be asked; false,
+  // no error, where the stream is capturing)? Did CUDA give the id (false, `error` set)?
+  static bool id_allowed(const GateStatus& gate, Failure& error) noexcept;
+  static bool id_answered(cudaError_t status, Failure& error) noexcept;
   // find_as<none> where it needs no call: {} when it would need one (the gate engaged, a miss).
   Found cached_handle(cudaStream_t stream) const noexcept {
     if (gate_engaged()) return {};
@@ -174,12 +186,10 @@ inline StreamRegistry::Found StreamRegistry::find_as(cudaStream_t stream, GateSt
     if (gate_engaged() && !ask_gate(stream, gate, error)) return {};
   } else {
     if (!ask_id(stream, gate, id, error)) return {};
-    key = id;
+    return find_by_id(stream, id, error);
   }
   if (const Found found = cached(key); found.state != nullptr) return found;
-  if constexpr (checks == StreamChecks::none) {
-    if (!ask_id(stream, gate, id, error)) return {};
-  }
+  if (!ask_id(stream, gate, id, error)) return {};
   return lookup(stream, key, id, error);
 }
 
