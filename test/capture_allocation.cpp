@@ -77,6 +77,52 @@ TEST_CASE("a checked allocation asks the capture status alone, and the capture's
   CHECK(fake->hazards().empty());
 }
 
+namespace {
+// A capture that ends between the two status questions: the next status asked alone is
+// "active", and the next asked with the id (the device's own answer) says none. Counts the calls.
+class EndsBetween final : public streampool::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
+                           streampool::CaptureId* id) noexcept override {
+    ++capture_infos;
+    if (id == nullptr && active_once) {
+      active_once = false;
+      *status = CaptureStatus::active;
+      return cudaSuccess;
+    }
+    return ForwardingDevice::capture_info(stream, status, id);
+  }
+  cudaError_t stream_id(cudaStream_t stream, streampool::StreamId* id) noexcept override {
+    ++stream_ids;
+    return ForwardingDevice::stream_id(stream, id);
+  }
+  bool active_once = false;
+  int capture_infos = 0;
+  int stream_ids = 0;
+};
+}  // namespace
+
+TEST_CASE("a checked allocation whose capture ended between the two status questions asks "
+          "nothing again") {
+  // As ask_id does: the second answer stands, and the id is asked next. Asking the status again
+  // would be a call more, which a fault could fail or a new capture could answer otherwise.
+  auto fake = std::make_shared<FakeDevice>();
+  auto device = std::make_shared<EndsBetween>(fake);
+  auto options = test_options();
+  options.stream_checks = streampool::StreamChecks::full;
+  streampool::MemoryPool pool(device, options);
+  cudaStream_t s = fake->create_stream();
+  { auto warm = Bytes::alloc_async(pool, 1000, s); }
+  device->capture_infos = 0;
+  device->stream_ids = 0;
+  device->active_once = true;
+  auto x = Bytes::alloc_async(pool, 1000, s);  // no gate: a gated allocation would throw
+  CHECK(x.data() != nullptr);
+  CHECK(device->capture_infos == 2);
+  CHECK(device->stream_ids == 1);
+}
+
 TEST_CASE("an allocation during capture comes from the pool's private memory, under every "
           "stream check") {
   using streampool::StreamChecks;

@@ -10,6 +10,12 @@
 
 namespace streampool::detail {
 
+inline StreamRegistry::Found PoolCore::found_by_id(cudaStream_t stream, Failure& error) noexcept {
+  StreamId id = 0;
+  if (!StreamRegistry::id_answered(device_->stream_id(stream, &id), error)) return {};
+  return registry_.find_by_id(stream, id, error);
+}
+
 template <StreamChecks checks>
 Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                              Failure& error) noexcept {
@@ -36,12 +42,8 @@ Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t str
     } else if (gate_engaged()) [[unlikely]] {
       return allocate_looking<checks>(pool, bytes, stream, error);  // the status first
     }
-    StreamId id = 0;
-    if (!StreamRegistry::id_answered(device.stream_id(stream, &id), error)) [[unlikely]] {
-      return pool.unfound(bytes, stream, GateStatus{}, error);
-    }
-    found = pool.registry_.find_by_id(stream, id, error);
-    if (found.state == nullptr) [[unlikely]] return nullptr;  // host out of memory
+    found = pool.found_by_id(stream, error);
+    if (found.state == nullptr) [[unlikely]] return pool.unfound(bytes, stream, {}, error);
   }
   StreamState& s = *found.state;
   const bool large = pool.classes_.is_large(bytes);
@@ -81,8 +83,10 @@ Block* PoolCore::allocate_unordinary(std::size_t bytes, cudaStream_t stream, Gat
                                      Failure& error) noexcept {
   const GateStatus gate = gate_status_after(*device_, stream, first);
   if (!StreamRegistry::id_allowed(gate, error)) return unfound(bytes, stream, gate, error);
-  // The capture ended between the two questions: the stream is asked again from the start.
-  return allocate_looking<StreamChecks::full>(*this, bytes, stream, error);
+  // The capture ended between the two questions: the second answer stands, as in ask_id.
+  const StreamRegistry::Found found = found_by_id(stream, error);
+  if (found.state == nullptr) return unfound(bytes, stream, {}, error);
+  return allocate_locking(*found.state, found.generation, bytes, stream, error);
 }
 
 Block* PoolCore::unfound(std::size_t bytes, cudaStream_t stream, const GateStatus& gate,
