@@ -27,17 +27,44 @@ const CaptureMode all_modes[] = {CaptureMode::global, CaptureMode::thread_local_
 }  // namespace
 
 namespace {
-// Counts the capture status questions, with and without the capture's id.
+// Counts the capture status questions, with and without the capture's id, and the id questions.
+// With `active_once`, the next status asked alone is "active": a capture that ended between that
+// question and the next.
 class StatusCounter final : public streampool::ForwardingDevice {
  public:
   using ForwardingDevice::ForwardingDevice;
   cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
                            streampool::CaptureId* id) noexcept override {
     ++(id == nullptr ? alone : with_id);
+    if (id == nullptr && active_once) {
+      active_once = false;
+      *status = CaptureStatus::active;
+      return cudaSuccess;
+    }
     return ForwardingDevice::capture_info(stream, status, id);
   }
+  cudaError_t stream_id(cudaStream_t stream, streampool::StreamId* id) noexcept override {
+    ++ids;
+    return ForwardingDevice::stream_id(stream, id);
+  }
+  bool active_once = false;
   int alone = 0;
   int with_id = 0;
+  int ids = 0;
+};
+
+streampool::PoolOptions every_check() {
+  auto options = test_options();
+  options.stream_checks = streampool::StreamChecks::full;
+  return options;
+}
+
+// A pool with every stream check on the fake device, through a StatusCounter, and a stream.
+struct CountedPool {
+  std::shared_ptr<FakeDevice> fake = std::make_shared<FakeDevice>();
+  std::shared_ptr<StatusCounter> device = std::make_shared<StatusCounter>(fake);
+  streampool::MemoryPool pool{device, every_check()};
+  cudaStream_t s = fake->create_stream();
 };
 }  // namespace
 
@@ -45,12 +72,8 @@ TEST_CASE("a checked allocation asks the capture status alone, and the capture's
           "a capture") {
   // The status alone is the cheaper question on the H200 (device_calls.def); the gate needs the
   // id only when there is a capture to serve.
-  auto fake = std::make_shared<FakeDevice>();
-  auto device = std::make_shared<StatusCounter>(fake);
-  auto options = test_options();
-  options.stream_checks = streampool::StreamChecks::full;
-  streampool::MemoryPool pool(device, options);
-  cudaStream_t s = fake->create_stream();
+  CountedPool counted;
+  auto& [fake, device, pool, s] = counted;
   for (int i = 0; i < 3; ++i) {
     for (std::size_t bytes : {std::size_t{1000}, 3 * MiB}) {
       auto x = Bytes::alloc_async(pool, bytes, s);
@@ -77,50 +100,20 @@ TEST_CASE("a checked allocation asks the capture status alone, and the capture's
   CHECK(fake->hazards().empty());
 }
 
-namespace {
-// A capture that ends between the two status questions: the next status asked alone is
-// "active", and the next asked with the id (the device's own answer) says none. Counts the calls.
-class EndsBetween final : public streampool::ForwardingDevice {
- public:
-  using ForwardingDevice::ForwardingDevice;
-  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
-                           streampool::CaptureId* id) noexcept override {
-    ++capture_infos;
-    if (id == nullptr && active_once) {
-      active_once = false;
-      *status = CaptureStatus::active;
-      return cudaSuccess;
-    }
-    return ForwardingDevice::capture_info(stream, status, id);
-  }
-  cudaError_t stream_id(cudaStream_t stream, streampool::StreamId* id) noexcept override {
-    ++stream_ids;
-    return ForwardingDevice::stream_id(stream, id);
-  }
-  bool active_once = false;
-  int capture_infos = 0;
-  int stream_ids = 0;
-};
-}  // namespace
-
 TEST_CASE("a checked allocation whose capture ended between the two status questions asks "
           "nothing again") {
   // As ask_id does: the second answer stands, and the id is asked next. Asking the status again
   // would be a call more, which a fault could fail or a new capture could answer otherwise.
-  auto fake = std::make_shared<FakeDevice>();
-  auto device = std::make_shared<EndsBetween>(fake);
-  auto options = test_options();
-  options.stream_checks = streampool::StreamChecks::full;
-  streampool::MemoryPool pool(device, options);
-  cudaStream_t s = fake->create_stream();
+  CountedPool counted;
+  auto& [fake, device, pool, s] = counted;
   { auto warm = Bytes::alloc_async(pool, 1000, s); }
-  device->capture_infos = 0;
-  device->stream_ids = 0;
+  device->alone = device->with_id = device->ids = 0;
   device->active_once = true;
   auto x = Bytes::alloc_async(pool, 1000, s);  // no gate: a gated allocation would throw
   CHECK(x.data() != nullptr);
-  CHECK(device->capture_infos == 2);
-  CHECK(device->stream_ids == 1);
+  CHECK(device->alone == 1);
+  CHECK(device->with_id == 1);
+  CHECK(device->ids == 1);
 }
 
 TEST_CASE("an allocation during capture comes from the pool's private memory, under every "
