@@ -4,8 +4,11 @@
 // what StreamChecks asks CUDA), one uncontended lock (for the thread the lock is biased to, a
 // store and two loads: biased_lock.hpp), a list pop and the counters. No other lock, no device
 // call beyond the lookup's, no write to memory another thread writes on its own fast path; a
-// large request the stream's shelf (shelf.cpp) fits is served the same way. Everything else (an
-// empty list or shelf, a stream that needs attention) is the slow path.
+// large request the stream's shelf (shelf.cpp) fits is served the same way. It calls nothing it
+// returns from but the lookup's questions to the device: everything else (a lock not biased to
+// this thread, an empty list or shelf, a stream that needs attention, counters to publish) jumps
+// to a function that does the whole of it (allocate_looking, allocate_locking, allocate_slow,
+// allocated_rare).
 #include "pool_core.hpp"
 
 namespace streampool::detail {
@@ -120,8 +123,9 @@ Block* PoolCore::allocate_locking(StreamState& s, std::uint32_t generation, std:
 }
 
 template <bool biased>
-[[gnu::always_inline]] inline Block* PoolCore::allocated_here(StreamState& s, Block* b, std::size_t bytes,
-                                cudaStream_t stream) noexcept {
+[[gnu::always_inline]] inline Block* PoolCore::allocated_here(StreamState& s, Block* b,
+                                                               std::size_t bytes,
+                                                               cudaStream_t stream) noexcept {
   reused_here(s, b->need, b->size);
   ++s.counters.hits;
   const bool publish_due = count_live(s, b, bytes);

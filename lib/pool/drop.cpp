@@ -7,18 +7,19 @@
 //      policy; otherwise a fence on each live use, a device-timeline need for each lost one, and
 //      the block is parked until every need is covered.
 //
-// The fast path (the top of drop()) is case 3 for a small block dropped on its own stream: one
-// lock, a push and the counters, no device call and no other lock.
+// The fast path (drop_unannounced) is case 3 for a block dropped on its own stream, a small one
+// onto its list or a large range onto the stream's shelf: one lock taken through its bias, a push
+// and the counters, no device call, no other lock, and no call it returns from.
 #include "pool_core.hpp"
 
 #include <algorithm>
 
 namespace streampool::detail {
 
-// The fast path: a small block dropped on its own stream, which this thread takes through the
-// lock's bias. It calls nothing it returns from.
-[[gnu::always_inline]] void PoolCore::drop_unannounced(Block* b,
-                                                              cudaStream_t stream) noexcept {
+// The fast path: a block dropped on its own stream (a small block onto its list, a large range
+// onto the stream's shelf), whose lock this thread takes through the bias. It calls nothing it
+// returns from; anything else is drop_locking's, whole.
+[[gnu::always_inline]] void PoolCore::drop_unannounced(Block* b, cudaStream_t stream) noexcept {
   StreamState& s = *b->home;
   if (b->recorded != nullptr || b->keeper != nullptr ||
       (b->large && options_.large_shelf == 0) || !s.lock.try_enter_biased()) [[unlikely]] {

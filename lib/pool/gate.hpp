@@ -53,8 +53,9 @@ enum class Restricted {
 bool calls_allowed(Restricted call) noexcept;
 
 // Captures with a pool under way anywhere in the program (the gate is "engaged"). While there is
-// one, every stream lookup asks the capture status before the id. Inline: the identity strategy's allocation reads it (one
-// load of a line written only when a capture begins or ends).
+// one, every stream lookup asks the capture status before the id. Inline: the identity
+// strategy's allocation reads it (one load of a line written only when a capture begins or
+// ends).
 extern std::atomic<int> gate_engagements;
 inline bool gate_engaged() noexcept {
   return gate_engagements.load(std::memory_order_acquire) != 0;
@@ -73,14 +74,16 @@ struct GateStatus {
 // capture (the status alone costs 15-20 ns on the H200, with the id 18-27; a same-stream pair
 // showed no difference beyond the host's noise: bench/results/h200-capture-status-ab-7832406.md).
 // A capture that ended or began between the two questions is seen as the second one says.
-inline GateStatus gate_status_after(Device& device, cudaStream_t stream, GateStatus first) noexcept;
+inline GateStatus gate_status_after(Device& device, cudaStream_t stream,
+                                    GateStatus first) noexcept;
 inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
   GateStatus s;
   s.error = device.capture_info(stream, &s.status, nullptr);
   return gate_status_after(device, stream, s);
 }
 // gate_status, once the status alone was asked (`first`, with no id).
-inline GateStatus gate_status_after(Device& device, cudaStream_t stream, GateStatus first) noexcept {
+inline GateStatus gate_status_after(Device& device, cudaStream_t stream,
+                                    GateStatus first) noexcept {
   if (first.error == cudaSuccess && first.status == CaptureStatus::active) {
     first.error = device.capture_info(stream, &first.status, &first.id);
   }

@@ -238,7 +238,8 @@ void StreamRegistry::retire_idle() noexcept {
     sweep.lock(s.lock);
     const std::int64_t activity = s.counters.activity();
     const bool idle = activity == s.seen_activity && s.counters.live == 0 && s.pins == 0 &&
-                      s.recorded_by == 0 && (s.attention.load(std::memory_order_relaxed) & gated) == 0;
+                      s.recorded_by == 0 &&
+                      (s.attention.load(std::memory_order_relaxed) & gated) == 0;
     s.seen_activity = activity;
     s.lock.unlock();
     if (!idle) {
