@@ -37,11 +37,8 @@ Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t str
     if (bytes == 0) [[unlikely]] return allocate_looking<checks>(pool, bytes, stream, error);
     Device& device = *pool.device_;
     if constexpr (checks == StreamChecks::full) {
-      GateStatus gate;
-      gate.error = device.capture_info(stream, &gate.status, nullptr);
-      if (gate.error != cudaSuccess || gate.status != CaptureStatus::none) [[unlikely]] {
-        return pool.allocate_unordinary(bytes, stream, gate, error);
-      }
+      const GateStatus gate = gate_status_first(device, stream);
+      if (!gate.ordinary()) [[unlikely]] return pool.allocate_unordinary(bytes, stream, gate, error);
     } else if (gate_engaged()) [[unlikely]] {
       return allocate_looking<checks>(pool, bytes, stream, error);  // the status first
     }
@@ -86,7 +83,8 @@ Block* PoolCore::allocate_unordinary(std::size_t bytes, cudaStream_t stream, Gat
                                      Failure& error) noexcept {
   const GateStatus gate = gate_status_after(*device_, stream, first);
   if (!StreamRegistry::id_allowed(gate, error)) return unfound(bytes, stream, gate, error);
-  // The capture ended between the two questions: the second answer stands, as in ask_id.
+  // The second answer is ordinary (the gate's work ended between the two questions): it
+  // stands, as in ask_id.
   const StreamRegistry::Found found = found_by_id(stream, error);
   if (found.state == nullptr) return unfound(bytes, stream, {}, error);
   return allocate_locking(*found.state, found.generation, bytes, stream, error);

@@ -68,6 +68,7 @@ struct GateStatus {
   CaptureStatus status = CaptureStatus::none;
   CaptureId id = 0;
   bool capturing() const noexcept { return error == cudaSuccess && status != CaptureStatus::none; }
+  bool ordinary() const noexcept { return error == cudaSuccess && status == CaptureStatus::none; }
   bool invalidated() const noexcept { return status == CaptureStatus::invalidated; }
 };
 // The status alone first: every checked allocation asks it, and almost always there is no
@@ -76,12 +77,17 @@ struct GateStatus {
 // A capture that ended or began between the two questions is seen as the second one says.
 inline GateStatus gate_status_after(Device& device, cudaStream_t stream,
                                     GateStatus first) noexcept;
-inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
+// The status alone: gate_status's first question, for a caller that asks the rest
+// (gate_status_after) only where the answer is not ordinary().
+inline GateStatus gate_status_first(Device& device, cudaStream_t stream) noexcept {
   GateStatus s;
   s.error = device.capture_info(stream, &s.status, nullptr);
-  return gate_status_after(device, stream, s);
+  return s;
 }
-// gate_status, once the status alone was asked (`first`, with no id).
+inline GateStatus gate_status(Device& device, cudaStream_t stream) noexcept {
+  return gate_status_after(device, stream, gate_status_first(device, stream));
+}
+// gate_status, once the status alone was asked (`first`).
 inline GateStatus gate_status_after(Device& device, cudaStream_t stream,
                                     GateStatus first) noexcept {
   if (first.error == cudaSuccess && first.status == CaptureStatus::active) {

@@ -439,11 +439,11 @@ class PoolCore {
   template <StreamChecks checks>
   static Block* allocate_looking(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                                  Failure& error) noexcept;  // the stream's lookup, then:
-  // The id of a stream whose capture status allows asking it (the caller asked, as ask_id does),
+  // The id of a stream whose gate status allows asking it (the caller asked, as ask_id does),
   // and its state; {} with `error` set where CUDA gave no id or the host had no memory.
   inline StreamRegistry::Found found_by_id(cudaStream_t stream, Failure& error) noexcept;
-  // StreamChecks::full's allocation where the stream's status, asked alone (`first`), is not
-  // "none": ask_id's verdict on it, completed.
+  // StreamChecks::full's allocation where the stream's gate status, asked alone (`first`), is
+  // not ordinary: ask_id's verdict on it, completed.
   Block* allocate_unordinary(std::size_t bytes, cudaStream_t stream, GateStatus first,
                              Failure& error) noexcept;
   // find() gave no state: the gate's allocation (a capturing stream), or the failure CUDA gave.

@@ -85,8 +85,8 @@ class StreamRegistry {
     return lookup(stream, id, id, error);
   }
   // ask_id's two verdicts, for a caller that asks as it does: may the id be asked, given the
-  // stream's capture status (false, `error` set, where the status could not be asked; false,
-  // no error, where the stream is capturing)? Did CUDA give the id (false, `error` set)?
+  // stream's gate status (false, `error` set, where the status could not be asked; false, no
+  // error, where the gate's work holds the stream)? Did CUDA give the id (false, `error` set)?
   static bool id_allowed(const GateStatus& gate, Failure& error) noexcept;
   static bool id_answered(cudaError_t status, Failure& error) noexcept;
   // find_as<none> where it needs no call: {} when it would need one (the gate engaged, a miss).
