@@ -19,6 +19,46 @@ inline StreamRegistry::Found PoolCore::found_by_id(cudaStream_t stream, Failure&
   return registry_.find_by_id(stream, id, error);
 }
 
+template <bool biased>
+[[gnu::always_inline]] inline Block* PoolCore::allocated_here(StreamState& s, Block* b,
+                                                               std::size_t bytes,
+                                                               cudaStream_t stream) noexcept {
+  reused_here(s, b->need, b->size);
+  ++s.counters.hits;
+  const bool publish_due = count_live(s, b, bytes);
+  if (publish_due || notify_) [[unlikely]] return allocated_rare(s, b, stream, publish_due);
+  if constexpr (biased) {
+    s.lock.leave_biased();
+  } else {
+    s.lock.unlock();
+  }
+  return b;
+}
+
+template <bool biased>
+[[gnu::always_inline]] inline Block* PoolCore::served_here(StreamState& s,
+                                                           std::uint32_t generation, bool large,
+                                                           std::size_t bytes, cudaStream_t stream,
+                                                           Failure& error) noexcept {
+  if (s.attention.load(std::memory_order_relaxed) == 0 &&
+      s.generation.load(std::memory_order_relaxed) == generation) [[likely]] {
+    if (!large) [[likely]] {
+      if (Block* b = s.free[classes_.class_of(bytes)].pop_front()) [[likely]] {
+        s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
+        return allocated_here<biased>(s, b, bytes, stream);
+      }
+    } else if (Block* b = take_shelved(s, bytes)) {
+      return allocated_here<biased>(s, b, bytes, stream);
+    }
+  }
+  if constexpr (biased) {
+    s.lock.leave_biased();
+  } else {
+    s.lock.unlock();
+  }
+  return allocate_slow(s, generation, bytes, stream, error);
+}
+
 template <StreamChecks checks>
 Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t stream,
                              Failure& error) noexcept {
@@ -51,19 +91,7 @@ Block* PoolCore::allocate_as(PoolCore& pool, std::size_t bytes, cudaStream_t str
       [[unlikely]] {
     return pool.allocate_locking(s, found.generation, bytes, stream, error);
   }
-  if (s.attention.load(std::memory_order_relaxed) == 0 &&
-      s.generation.load(std::memory_order_relaxed) == found.generation) [[likely]] {
-    if (!large) [[likely]] {
-      if (Block* b = s.free[pool.classes_.class_of(bytes)].pop_front()) [[likely]] {
-        s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
-        return pool.allocated_here<true>(s, b, bytes, stream);
-      }
-    } else if (Block* b = pool.take_shelved(s, bytes)) {
-      return pool.allocated_here<true>(s, b, bytes, stream);
-    }
-  }
-  s.lock.leave_biased();
-  return pool.allocate_slow(s, found.generation, bytes, stream, error);
+  return pool.served_here<true>(s, found.generation, large, bytes, stream, error);
 }
 
 template <StreamChecks checks>
@@ -104,36 +132,9 @@ Block* PoolCore::allocate_locking(StreamState& s, std::uint32_t generation, std:
   const bool large = classes_.is_large(bytes);
   if (!large || s.shelved.load(std::memory_order_relaxed) != 0) {
     s.lock.lock();
-    if (s.attention.load(std::memory_order_relaxed) == 0 &&
-        s.generation.load(std::memory_order_relaxed) == generation) {
-      Block* b = nullptr;
-      if (!large) {
-        b = s.free[classes_.class_of(bytes)].pop_front();
-        if (b != nullptr) s.set_free_blocks(s.free_blocks.load(std::memory_order_relaxed) - 1);
-      } else {
-        b = take_shelved(s, bytes);
-      }
-      if (b != nullptr) return allocated_here<false>(s, b, bytes, stream);
-    }
-    s.lock.unlock();
+    return served_here<false>(s, generation, large, bytes, stream, error);
   }
   return allocate_slow(s, generation, bytes, stream, error);
-}
-
-template <bool biased>
-[[gnu::always_inline]] inline Block* PoolCore::allocated_here(StreamState& s, Block* b,
-                                                               std::size_t bytes,
-                                                               cudaStream_t stream) noexcept {
-  reused_here(s, b->need, b->size);
-  ++s.counters.hits;
-  const bool publish_due = count_live(s, b, bytes);
-  if (publish_due || notify_) [[unlikely]] return allocated_rare(s, b, stream, publish_due);
-  if constexpr (biased) {
-    s.lock.leave_biased();
-  } else {
-    s.lock.unlock();
-  }
-  return b;
 }
 
 Block* PoolCore::allocated_rare(StreamState& s, Block* b, cudaStream_t stream,

@@ -451,6 +451,11 @@ class PoolCore {
                  Failure& error) noexcept;
   Block* allocate_locking(StreamState& s, std::uint32_t generation, std::size_t bytes,
                           cudaStream_t stream, Failure& error) noexcept;  // s's lock, any way
+  // [s.lock, taken as `biased` says] A block of s's list or shelf for the request, if s is still
+  // the state of `generation` and needs no attention; else allocate_slow. s's lock goes.
+  template <bool biased>
+  inline Block* served_here(StreamState& s, std::uint32_t generation, bool large,
+                            std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   // [s.lock, taken as `biased` says] A free block of s, just off its list, goes live on s; s's
   // lock goes.
   template <bool biased>
