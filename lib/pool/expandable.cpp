@@ -375,9 +375,10 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
 
 bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
   if (plan.hole == nullptr || !calls_allowed(Restricted::free)) return false;
+  const Kept kept = kept_by(plan);
+  if (unmappable(kept, nullptr).coverable == 0) return false;  // no walk for nothing
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
-  const Kept kept = kept_by(plan);
   std::size_t released = 0;
   bool moved = false;  // memory of a home kept for another stream
   for (const auto& segment : segments_) {
@@ -397,25 +398,46 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
       !calls_allowed(Restricted::event_wait)) {
     return false;
   }
-  const Kept kept = kept_by(plan);
-  std::size_t coverable = 0;  // what give_back_for may unmap now
-  bool stranded = false;
-  for (const auto& segment : segments_) {
-    if (!segment->expandable) continue;
-    const Block* r = segment->first;
-    for (const Mapping& m : segment->mappings) {
-      const std::byte* const begin = segment->base + m.offset;
-      const std::byte* const end = begin + m.size;
-      r = range_holding(r, begin);
-      if (!free_through(r, end) || kept.overlaps(begin, end)) continue;
+  const Unmappable found = unmappable(kept_by(plan), &s.timeline);
+  return found.own_pending && found.coverable < plan.bytes;
+}
+
+LargeTier::Unmappable LargeTier::unmappable(Kept kept, const Timeline* own) const noexcept {
+  Unmappable found;
+  const auto look = [&](const Block* r) {
+    const Segment& segment = *r->segment;
+    if (!segment.expandable) return;
+    const auto from = static_cast<std::size_t>(r->ptr - segment.base);
+    const std::size_t to = from + r->size;
+    auto m = std::lower_bound(segment.mappings.begin(), segment.mappings.end(), from,
+                              [](const Mapping& mapping, std::size_t offset) {
+                                return mapping.offset < offset;
+                              });
+    for (; m != segment.mappings.end() && m->offset + m->size <= to; ++m) {
+      const std::byte* const begin = segment.base + m->offset;
+      if (kept.overlaps(begin, begin + m->size)) continue;
+      found.whole += m->size;
       if (covered(r->need)) {
-        coverable += m.size;
-      } else if (m.size > granule_ && r->need.timeline == &s.timeline) {
-        stranded = true;
+        found.coverable += m->size;
+      } else if (m->size > granule_ && r->need.timeline == own) {
+        found.own_pending = true;
       }
     }
+  };
+  // Both indexes order a stream's ranges by size: from the first of a granule on.
+  Block probe;
+  probe.size = granule_;
+  for (auto it = clean_.lower_bound(&probe); it != clean_.end(); ++it) look(*it);
+  for (auto it = owned_.begin(); it != owned_.end();) {
+    if ((*it)->size >= granule_) {
+      look(*it++);
+      continue;
+    }
+    probe.need.timeline = (*it)->need.timeline;  // past this owner's smaller ranges
+    it = owned_.lower_bound(&probe);
   }
-  return stranded && coverable < plan.bytes;
+  STREAMPOOL_EXPENSIVE_ASSERT(unindexed_ != 0 || found.whole == whole_free_mappings(kept));
+  return found;
 }
 
 void LargeTier::wait_for_own(StreamState& s) noexcept {

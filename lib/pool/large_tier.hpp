@@ -304,6 +304,19 @@ class LargeTier {
   // the device. Single-granule mappings are the growths of small requests: moving them only
   // churns. [growth_mutex_, mutex_]
   bool strands_own(const Plan& plan, const StreamState& s) const noexcept;
+  // The whole mappings that lie each in one free range outside `kept` (what give-back may
+  // unmap once their ranges are covered), found through the indexes: only a free range of a
+  // granule or more can hold a mapping, and a cold pool grows hundreds of times, where a walk
+  // of every mapping and range at each growth made growth quadratic. Ranges left unindexed
+  // (index() found no host memory) are not seen, as reuse does not see them. [mutex_]
+  struct Unmappable {
+    std::size_t whole = 0;      // the bytes of all of them
+    std::size_t coverable = 0;  // of those in covered ranges
+    bool own_pending = false;   // one of more than a granule in an uncovered range of `own`
+  };
+  Unmappable unmappable(Kept kept, const Timeline* own) const noexcept;
+  // Unmappable::whole, by walking every segment (STREAMPOOL_EXPENSIVE_ASSERT). [mutex_]
+  std::size_t whole_free_mappings(Kept kept) const noexcept;
   // Waits for s's work so far (PoolCore::wait_for_stream), counted in s's growth_waits. With no
   // lock held. [no lock]
   void wait_for_own(StreamState& s) noexcept;
