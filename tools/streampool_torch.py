@@ -17,9 +17,9 @@ C++ headers were found at build time, libstreampool_torch_hooks.so):
       with streampool_torch.use_mem_pool(pool):   # every thread's allocations (backward's too)
           ...
 
-The libraries are looked for in STREAMPOOL_TORCH_LIB_DIR, then in the build folders of this
-source tree (build-torch/, build-gpu/, build/: each one's torch/ folder), or in the folder given
-to the functions as `lib_dir`.
+The libraries are looked for in the folder given to the functions as `lib_dir`, if any, then in
+STREAMPOOL_TORCH_LIB_DIR, then in the build folders of this source tree (build-torch/,
+build-gpu/, build/: each one's torch/ folder).
 """
 
 import contextlib

@@ -34,9 +34,9 @@ class STREAMPOOL_API CudaDevice final : public Device {
  private:
   int ordinal_;
   // cuStreamGetId, cuStreamGetCaptureInfo and cuStreamIsCapturing, fetched through
-  // cudaGetDriverEntryPointByVersion: on the H200 they cost 20, 27 and 20 ns against 62-85 ns for
-  // the runtime's own (which also serialize threads); capture_info without an id asks
-  // cuStreamIsCapturing. Null where the driver does not offer them; the runtime is used then.
+  // cudaGetDriverEntryPointByVersion: on the H200 they cost 20, 27 and 20 ns against 79-91 ns
+  // for the runtime's own (which also serialize threads; bench/results/h200.md); capture_info
+  // without an id asks cuStreamIsCapturing. Null where the driver does not offer them; the runtime is used then.
   void* driver_stream_id_ = nullptr;
   void* driver_capture_info_ = nullptr;
   void* driver_is_capturing_ = nullptr;

@@ -88,7 +88,8 @@ class STREAMPOOL_API MemoryPool {
   // StreamChecks::none. Buffers of the stream may still be alive.
   void release_stream(cudaStream_t stream);
   // Return cached memory to the device until at most `bytes_to_keep` stay reserved (as far as
-  // wholly free segments allow). Synchronizes the device first.
+  // wholly free segments, or with expandable segments whole free mappings, allow). Synchronizes
+  // the device first.
   void trim(std::size_t bytes_to_keep = 0);
 
   PoolStats stats() const;

@@ -13,19 +13,21 @@
 
 namespace streampool {
 
-// What the pool asks CUDA on each allocation to learn which stream it is for. A runtime call costs
-// 34-60 ns on the H200, so this is the main price of safety on the fast path.
+// What the pool asks CUDA on each allocation to learn which stream it is for. One driver call
+// (cuStreamIsCapturing or cuStreamGetId, through CudaDevice) costs 15-20 ns on the H200, the
+// runtime's own 79-91 ns where the driver lacks them (bench/results/h200.md), so this is the main
+// price of safety on the fast path.
 enum class StreamChecks {
   // No call: a stream handle is trusted to name the stream it named when the pool last saw it in
   // this thread. Call release_stream(s) before destroying s (or never destroy a stream the pool
   // has seen), and capture only through begin_capture_with_pool. The fastest setting.
   none,
-  // One cudaStreamGetId per allocation: safe when CUDA hands a destroyed stream's handle to a new
+  // One stream-id call (cuStreamGetId) per allocation: safe when CUDA hands a destroyed stream's handle to a new
   // stream. CUDA refuses the id of a capturing stream and invalidates the capture: an allocation
   // on a stream captured without a pool fails with Errc::capture_without_pool, but the capture is
   // lost. (While a capture with a pool is under way anywhere, the capture status is asked first.)
   identity,
-  // The capture status, then (when not capturing) cudaStreamGetId, per allocation: also catches,
+  // The capture status, then (when not capturing) the stream's id, per allocation: also catches,
   // on every allocation and without harming it, a capture begun without a pool
   // (Errc::capture_without_pool). The default.
   full,
@@ -34,8 +36,11 @@ enum class StreamChecks {
 struct STREAMPOOL_API PoolOptions {
   // Size classes of the small tier: requests up to size_classes.largest are cached per stream in
   // blocks of their class.
-  // (The defaults are what `streampool-bench tune --wide` chose on the GPT-2, ResNet-50 and
-  // two-stream traces recorded on the H200 with the embedded workloads: bench/results/h200.md.)
+  // (The defaults were chosen on 2026-11-30 from `streampool-bench tune` on the GPT-2, ResNet-50
+  // and two-stream traces recorded on the H200 with the embedded workloads:
+  // bench/results/h200.md. With the slab and rounding defaults of 2026-12-04, `tune --wide`
+  // ranks per_doubling=2,largest=128K slightly ahead, mean 1.0706 against 1.0748:
+  // bench/results/h200-compare-defaults-slab256k.md.)
   SizeClassConfig size_classes{};  // 512 B, 4 per doubling, up to 256 KiB, 256 B aligned
   // Small blocks are carved from slabs of about this size (at least one block; at most 1 GiB).
   // (256 KiB and, below, large_rounding 32 KiB since 2026-12-04: with expandable segments they
@@ -64,9 +69,10 @@ struct STREAMPOOL_API PoolOptions {
   // With expandable segments: the bytes of one physical allocation (rounded up to the device's
   // granularity, 2 MiB on the H200; at most 1 TiB), or 0 for one per growth as above. Memory goes
   // back to the device, and moves between places of the arena, only as whole mappings: smaller
-  // ones let more of it move when streams interleave (the two-stream trace: 1.77 reserved per
-  // requested byte with 0, 1.10 with 8M, 1.05 with 2M), and every mapping costs its own driver
-  // calls, about 60 us on the H200, so growth is that much slower (docs/design.md).
+  // ones let more of it move when streams interleave (before stream homes, the two-stream trace
+  // held 1.77 reserved per requested byte with 0, 1.10 with 8M, 1.05 with 2M; with them it holds
+  // 1.017 with each), and every mapping costs its own driver calls, about 60 us on the H200, so
+  // growth is that much slower: 15, 44 and 141 device allocations there (docs/design.md).
   std::size_t mapping_bytes = 0;
   // With expandable segments: up to this many live streams (0: none) each get a reservation of
   // their own, which their large growths map into, and their large requests take no clean range
