@@ -402,7 +402,18 @@ bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexce
   return found.own_pending && found.coverable < plan.bytes;
 }
 
+void LargeTier::Unmappable::count(const Block& r, const Mapping& m, const Timeline* own,
+                                  std::size_t granule) noexcept {
+  whole += m.size;
+  if (covered(r.need)) {
+    coverable += m.size;
+  } else if (m.size > granule && r.need.timeline == own) {
+    own_pending = true;
+  }
+}
+
 LargeTier::Unmappable LargeTier::unmappable(Kept kept, const Timeline* own) const noexcept {
+  if (unindexed_ != 0) return walk_unmappable(kept, own);  // rare: host memory ran out
   Unmappable found;
   const auto look = [&](const Block* r) {
     const Segment& segment = *r->segment;
@@ -415,16 +426,11 @@ LargeTier::Unmappable LargeTier::unmappable(Kept kept, const Timeline* own) cons
                               });
     for (; m != segment.mappings.end() && m->offset + m->size <= to; ++m) {
       const std::byte* const begin = segment.base + m->offset;
-      if (kept.overlaps(begin, begin + m->size)) continue;
-      found.whole += m->size;
-      if (covered(r->need)) {
-        found.coverable += m->size;
-      } else if (m->size > granule_ && r->need.timeline == own) {
-        found.own_pending = true;
-      }
+      if (!kept.overlaps(begin, begin + m->size)) found.count(*r, *m, own, granule_);
     }
   };
-  // Both indexes order a stream's ranges by size: from the first of a granule on.
+  // The clean index orders its ranges by size, the owned one by owner, then size: each from its
+  // first of a granule on.
   Block probe;
   probe.size = granule_;
   for (auto it = clean_.lower_bound(&probe); it != clean_.end(); ++it) look(*it);
@@ -436,7 +442,23 @@ LargeTier::Unmappable LargeTier::unmappable(Kept kept, const Timeline* own) cons
     probe.need.timeline = (*it)->need.timeline;  // past this owner's smaller ranges
     it = owned_.lower_bound(&probe);
   }
-  STREAMPOOL_EXPENSIVE_ASSERT(unindexed_ != 0 || found.whole == whole_free_mappings(kept));
+  // `whole` alone: a fence may complete between the two looks (coverable, own_pending).
+  STREAMPOOL_EXPENSIVE_ASSERT(found.whole == walk_unmappable(kept, own).whole);
+  return found;
+}
+
+LargeTier::Unmappable LargeTier::walk_unmappable(Kept kept, const Timeline* own) const noexcept {
+  Unmappable found;
+  for (const auto& segment : segments_) {
+    if (!segment->expandable) continue;
+    const Block* r = segment->first;
+    for (const Mapping& m : segment->mappings) {
+      const std::byte* const begin = segment->base + m.offset;
+      const std::byte* const end = begin + m.size;
+      r = range_holding(r, begin);
+      if (free_through(r, end) && !kept.overlaps(begin, end)) found.count(*r, m, own, granule_);
+    }
+  }
   return found;
 }
 

@@ -69,19 +69,4 @@ bool PoolCore::consistent() noexcept {
   return small_.consistent() && large_.consistent();
 }
 
-std::size_t LargeTier::whole_free_mappings(Kept kept) const noexcept {
-  std::size_t whole = 0;
-  for (const auto& segment : segments_) {
-    if (!segment->expandable) continue;
-    const Block* r = segment->first;
-    for (const Mapping& m : segment->mappings) {
-      const std::byte* const begin = segment->base + m.offset;
-      const std::byte* const end = begin + m.size;
-      r = range_holding(r, begin);
-      if (free_through(r, end) && !kept.overlaps(begin, end)) whole += m.size;
-    }
-  }
-  return whole;
-}
-
 }  // namespace streampool::detail

@@ -779,7 +779,12 @@ bool LargeTier::consistent() noexcept {
     }
     if (segment->expandable) {
       std::size_t in_mappings = 0;
-      for (const Mapping& m : segment->mappings) in_mappings += m.size;
+      std::size_t next = 0;  // where the next mapping may begin
+      for (const Mapping& m : segment->mappings) {
+        if (m.offset < next || m.size == 0 || m.size % granule_ != 0) return false;
+        next = m.offset + m.size;
+        in_mappings += m.size;
+      }
       if (mapped != segment->mapped || in_mappings != mapped) return false;
     }
   }

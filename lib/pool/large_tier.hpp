@@ -28,7 +28,8 @@
 // Invariants, under the arena mutex: a segment's ranges tile it exactly, in address order; every
 // free range that is not a slab is in exactly one index, the clean one iff it has no need, and
 // no range in use is in either; in an expandable segment the ranges that are not holes are
-// exactly its mappings' bytes, and holes begin and end at multiples of the granularity; only an
+// exactly its mappings' bytes, its mappings are sorted by offset, apart, and each a whole number
+// of granules (at least one), and holes begin and end at multiples of the granularity; only an
 // expandable segment has a home, and no two segments have the same one.
 #pragma once
 
@@ -307,16 +308,19 @@ class LargeTier {
   // The whole mappings that lie each in one free range outside `kept` (what give-back may
   // unmap once their ranges are covered), found through the indexes: only a free range of a
   // granule or more can hold a mapping, and a cold pool grows hundreds of times, where a walk
-  // of every mapping and range at each growth made growth quadratic. Ranges left unindexed
-  // (index() found no host memory) are not seen, as reuse does not see them. [mutex_]
+  // of every mapping and range at each growth made growth quadratic. While a free range is left
+  // unindexed (index() found no host memory), by the walk. [growth_mutex_, mutex_]
   struct Unmappable {
     std::size_t whole = 0;      // the bytes of all of them
     std::size_t coverable = 0;  // of those in covered ranges
     bool own_pending = false;   // one of more than a granule in an uncovered range of `own`
+    // Counts `m`, which lies wholly in the free range `r`, outside the kept range.
+    void count(const Block& r, const Mapping& m, const Timeline* own,
+               std::size_t granule) noexcept;
   };
   Unmappable unmappable(Kept kept, const Timeline* own) const noexcept;
-  // Unmappable::whole, by walking every segment (STREAMPOOL_EXPENSIVE_ASSERT). [mutex_]
-  std::size_t whole_free_mappings(Kept kept) const noexcept;
+  // The same, by walking every mapping and range of every segment. [growth_mutex_, mutex_]
+  Unmappable walk_unmappable(Kept kept, const Timeline* own) const noexcept;
   // Waits for s's work so far (PoolCore::wait_for_stream), counted in s's growth_waits. With no
   // lock held. [no lock]
   void wait_for_own(StreamState& s) noexcept;
