@@ -808,14 +808,25 @@ TEST_CASE("the breakdown counts stranded blocks until a synchronize brings them 
 
 // A growth finds what it may give back through the free-range indexes (LargeTier::unmappable):
 // a range left out of them when host memory ran out must still be seen, as a walk sees it.
-// A covered whole mapping in a clean range left unindexed (index() found no host memory when the
-// range moved to the clean index) is given back, not mapped beside.
-TEST_CASE("give-back unmaps a covered mapping whose free range host memory left unindexed") {
+namespace {
+// A node of a std::set<Block*>, the free-range indexes (libstdc++: a colour, three links, the
+// value): the next allocation of this size is a range's entry in one of them.
+constexpr std::size_t index_node_bytes = 40;
+
+streampool::PoolOptions mapped_options() {
   auto options = test_options();
   options.expandable_segments = true;
   options.segment_bytes = 20 * MiB;
   options.large_rounding = 128 * KiB;
   options.large_shelf = 0;
+  return options;
+}
+}  // namespace
+
+// A covered whole mapping in a clean range left unindexed (index() found no host memory when the
+// range moved to the clean index) is given back, not mapped beside.
+TEST_CASE("give-back unmaps a covered mapping whose free range host memory left unindexed") {
+  auto options = mapped_options();
   options.stream_homes = 0;
   auto fake = std::make_shared<FakeDevice>();
   MemoryPool pool(fake, options);
@@ -829,7 +840,7 @@ TEST_CASE("give-back unmaps a covered mapping whose free range host memory left 
   REQUIRE(reserved(pool) == static_cast<std::int64_t>(80 * MiB));
   left.reset();
   fake->complete(a);
-  fail_next_of = 40;  // sizeof(std::_Rb_tree_node<Block*>): left's entry in the clean index
+  fail_next_of = index_node_bytes;  // left's entry in the clean index
   auto big = Bytes::alloc_async(pool, 30 * MiB, b);
   CHECK(fail_next_of == 0);
   CHECK(fake->calls(Call::vm_unmap) == 1);
@@ -840,18 +851,13 @@ TEST_CASE("give-back unmaps a covered mapping whose free range host memory left 
 // One stream, a pending whole mapping of its own in a free range left unindexed: the growth waits
 // for the stream and gives it back (50 MiB reserved), rather than mapping beside it (70 MiB).
 TEST_CASE("a growth waits for its own stream's range that host memory left unindexed") {
-  auto options = test_options();
-  options.expandable_segments = true;
-  options.segment_bytes = 20 * MiB;
-  options.large_rounding = 128 * KiB;
-  options.large_shelf = 0;
   auto fake = std::make_shared<FakeDevice>();
-  MemoryPool pool(fake, options);
+  MemoryPool pool(fake, mapped_options());
   cudaStream_t a = fake->create_stream("a");
   auto left = Bytes::alloc_async(pool, 20 * MiB, a);
   auto right = Bytes::alloc_async(pool, 20 * MiB, a);
   write_on(*fake, a, left);
-  fail_next_of = 40;  // sizeof(std::_Rb_tree_node<Block*>): left's entry in the owned index
+  fail_next_of = index_node_bytes;  // left's entry in the owned index
   left.reset();
   CHECK(fail_next_of == 0);
   auto big = Bytes::alloc_async(pool, 30 * MiB, a);

@@ -4,6 +4,7 @@
 #
 #   cmake -DGUIDE=docs/testing-your-code.md -DSOURCES="a.cpp;b.cu" -P check_guide.cmake
 cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/guide_blocks.cmake)
 foreach(var GUIDE SOURCES)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "check_guide.cmake: ${var} is not set")
@@ -39,13 +40,7 @@ endforeach()
 file(READ ${GUIDE} guide)
 set(count 0)
 while(guide MATCHES "```cpp\n")
-  string(FIND "${guide}" "```cpp\n" begin)
-  math(EXPR begin "${begin} + 7")
-  string(SUBSTRING "${guide}" ${begin} -1 guide)
-  string(FIND "${guide}" "```" end)
-  string(SUBSTRING "${guide}" 0 ${end} block)
-  math(EXPR end "${end} + 3")
-  string(SUBSTRING "${guide}" ${end} -1 guide)
+  take_guide_block(cpp guide block)
   string(FIND "${snippets}" "${block}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "check_guide.cmake: ${GUIDE} shows code that no compiled source "

@@ -4,6 +4,7 @@
 #
 #   cmake -DGUIDE=docs/guide.md -DPROGRAMS="a;b" -P check_guide_output.cmake
 cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/guide_blocks.cmake)
 foreach(var GUIDE PROGRAMS)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "check_guide_output.cmake: ${var} is not set")
@@ -22,13 +23,7 @@ endforeach()
 file(READ ${GUIDE} guide)
 set(count 0)
 while(guide MATCHES "```text\n")
-  string(FIND "${guide}" "```text\n" begin)
-  math(EXPR begin "${begin} + 8")
-  string(SUBSTRING "${guide}" ${begin} -1 guide)
-  string(FIND "${guide}" "```" end)
-  string(SUBSTRING "${guide}" 0 ${end} block)
-  math(EXPR end "${end} + 3")
-  string(SUBSTRING "${guide}" ${end} -1 guide)
+  take_guide_block(text guide block)
   # Line by line without a CMake list: a message's brackets would join list items.
   while(NOT block STREQUAL "")
     string(FIND "${block}" "\n" eol)
