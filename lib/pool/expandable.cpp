@@ -296,11 +296,16 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
           alone = false;
           plan = planned();
         }
-        if (stranded != nullptr && s != nullptr && strands_own(plan, *s)) {
+        // What give-back could unmap for this plan: one look for both questions below.
+        const Unmappable found =
+            plan.hole != nullptr && calls_allowed(Restricted::free)
+                ? unmappable(kept_by(plan), s != nullptr ? &s->timeline : nullptr)
+                : Unmappable{};
+        if (stranded != nullptr && s != nullptr && strands_own(plan, found)) {
           *stranded = true;  // grow() waits for s, with growth_mutex_ released, and comes back
           return nullptr;
         }
-        if (give_back_for(plan, s)) plan = planned();
+        if (give_back_for(plan, found, s)) plan = planned();
       }
       if (plan.hole != nullptr) {
         // What fill() needs, taken now so that nothing can fail once memory is mapped.
@@ -373,10 +378,13 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
   return nullptr;
 }
 
-bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
-  if (plan.hole == nullptr || !calls_allowed(Restricted::free)) return false;
+bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
+                              const StreamState* s) noexcept {
+  // No walk for nothing.
+  if (plan.hole == nullptr || !calls_allowed(Restricted::free) || found.coverable == 0) {
+    return false;
+  }
   const Kept kept = kept_by(plan);
-  if (unmappable(kept, nullptr).coverable == 0) return false;  // no walk for nothing
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
   std::size_t released = 0;
@@ -393,12 +401,11 @@ bool LargeTier::give_back_for(const Plan& plan, const StreamState* s) noexcept {
   return released > 0;
 }
 
-bool LargeTier::strands_own(const Plan& plan, const StreamState& s) const noexcept {
+bool LargeTier::strands_own(const Plan& plan, const Unmappable& found) const noexcept {
   if (plan.hole == nullptr || !calls_allowed(Restricted::free) ||
       !calls_allowed(Restricted::event_wait)) {
     return false;
   }
-  const Unmappable found = unmappable(kept_by(plan), &s.timeline);
   return found.own_pending && found.coverable < plan.bytes;
 }
 

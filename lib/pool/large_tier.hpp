@@ -292,24 +292,12 @@ class LargeTier {
   // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
   // that overlaps `kept`; the bytes unmapped. [growth_mutex_, mutex_]
   std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep, Kept kept) noexcept;
-  // Before a growth maps plan.bytes: unmaps up to as much of the whole free mappings elsewhere
-  // (not the free range the plan extends), so that the growth reuses memory fragmentation left
-  // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
-  // again). [growth_mutex_, mutex_]
-  bool give_back_for(const Plan& plan, const StreamState* s) noexcept;
-  // Whether waiting for s would let give_back_for unmap what this plan maps: a whole mapping of
-  // more than one granule lies in a free range of s's own that no completed fence covers yet,
-  // outside the range the plan extends, and the covered whole free mappings come to less than
-  // plan.bytes. Until s's work is done give-back cannot unmap it, and a program on one stream
-  // records no fence: it would stay mapped until trim or the out-of-memory ladder synchronized
-  // the device. Single-granule mappings are the growths of small requests: moving them only
-  // churns. [growth_mutex_, mutex_]
-  bool strands_own(const Plan& plan, const StreamState& s) const noexcept;
   // The whole mappings that lie each in one free range outside `kept` (what give-back may
   // unmap once their ranges are covered), found through the indexes: only a free range of a
   // granule or more can hold a mapping, and a cold pool grows hundreds of times, where a walk
   // of every mapping and range at each growth made growth quadratic. While a free range is left
-  // unindexed (index() found no host memory), by the walk. [growth_mutex_, mutex_]
+  // unindexed (index() found no host memory), by the walk. A growth looks once, for the plan
+  // it made, and asks strands_own and give_back_for with what it found. [growth_mutex_, mutex_]
   struct Unmappable {
     std::size_t whole = 0;      // the bytes of all of them
     std::size_t coverable = 0;  // of those in covered ranges
@@ -321,6 +309,20 @@ class LargeTier {
   Unmappable unmappable(Kept kept, const Timeline* own) const noexcept;
   // The same, by walking every mapping and range of every segment. [growth_mutex_, mutex_]
   Unmappable walk_unmappable(Kept kept, const Timeline* own) const noexcept;
+  // Before a growth maps plan.bytes: unmaps up to as much of the whole free mappings elsewhere
+  // (not the free range the plan extends), so that the growth reuses memory fragmentation left
+  // idle instead of adding to it; true when anything was unmapped (the holes changed: plan
+  // again). `found`: unmappable() for the plan. [growth_mutex_, mutex_]
+  bool give_back_for(const Plan& plan, const Unmappable& found, const StreamState* s) noexcept;
+  // Whether waiting for s would let give_back_for unmap what this plan maps: a whole mapping of
+  // more than one granule lies in a free range of s's own that no completed fence covers yet,
+  // outside the range the plan extends, and the covered whole free mappings come to less than
+  // plan.bytes. Until s's work is done give-back cannot unmap it, and a program on one stream
+  // records no fence: it would stay mapped until trim or the out-of-memory ladder synchronized
+  // the device. Single-granule mappings are the growths of small requests: moving them only
+  // churns. `found`: unmappable() for the plan, with s's timeline as `own`.
+  // [growth_mutex_, mutex_]
+  bool strands_own(const Plan& plan, const Unmappable& found) const noexcept;
   // Waits for s's work so far (PoolCore::wait_for_stream), counted in s's growth_waits. With no
   // lock held. [no lock]
   void wait_for_own(StreamState& s) noexcept;
