@@ -27,11 +27,7 @@ template <bool biased>
   ++s.counters.hits;
   const bool publish_due = count_live(s, b, bytes);
   if (publish_due || notify_) [[unlikely]] return allocated_rare(s, b, stream, publish_due);
-  if constexpr (biased) {
-    s.lock.leave_biased();
-  } else {
-    s.lock.unlock();
-  }
+  s.lock.leave<biased>();
   return b;
 }
 
@@ -51,11 +47,7 @@ template <bool biased>
       return allocated_here<biased>(s, b, bytes, stream);
     }
   }
-  if constexpr (biased) {
-    s.lock.leave_biased();
-  } else {
-    s.lock.unlock();
-  }
+  s.lock.leave<biased>();
   return allocate_slow(s, generation, bytes, stream, error);
 }
 

@@ -119,6 +119,16 @@ class BiasedLock {
     STREAMPOOL_ASSERT(bias_.load(std::memory_order_relaxed) == me && me->inside.load() == this);
     me->inside.store(nullptr, std::memory_order_release);
   }
+  // leave_biased() where the caller entered through the bias, else unlock(): for the paths that
+  // serve both entries (a template on how the lock was taken).
+  template <bool biased>
+  [[gnu::always_inline]] void leave() noexcept {
+    if constexpr (biased) {
+      leave_biased();
+    } else {
+      unlock();
+    }
+  }
 
   void unlock() noexcept {
     if (held_ == Held::through_bias) {

@@ -59,11 +59,7 @@ template <bool biased>
   s.unfenced_bytes += b->size;
   const bool clock = clock_due(s);
   if (publish_due || clock || s.orphaned) [[unlikely]] return dropped_rare(s, publish_due, clock);
-  if constexpr (biased) {
-    s.lock.leave_biased();
-  } else {
-    s.lock.unlock();
-  }
+  s.lock.leave<biased>();
 }
 
 // A large range used on its own stream alone: onto the stream's shelf (shelf.cpp). The fence
@@ -81,11 +77,7 @@ template <bool biased>
   if (publish_due || full || past_bound || clock || s.orphaned) [[unlikely]] {
     return shelved_rare(s, publish_due, past_bound, clock);
   }
-  if constexpr (biased) {
-    s.lock.leave_biased();
-  } else {
-    s.lock.unlock();
-  }
+  s.lock.leave<biased>();
 }
 
 void PoolCore::shelved_rare(StreamState& s, bool publish_due, bool past_bound,
