@@ -111,9 +111,11 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
   const bool survey = env_set("STREAMPOOL_MODEL_SURVEY");
   std::map<std::string, int> kinds;
   std::string survey_text;
+  std::uint64_t idle = 0;  // seeds that applied no operation: they checked nothing
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     // Each seed in a child process: a crash of the pool is reported like any failure.
     const RunResult result = pool_model::run_seed_isolated(seed, options);
+    idle += pool_model::operations_of(result) == 0;
     if (!result.failure) continue;
     if (survey) {
       ++kinds[result.failure->kind];
@@ -137,6 +139,7 @@ void check_seeds(const RunOptions& base, std::uint64_t default_seeds) {
     WARN(fmt::format("{} seeds from {}:\n{}{}", count, first, survey_text, summary));
     REQUIRE(kinds.empty());
   }
+  CHECK(idle == 0);
 }
 
 }  // namespace
@@ -155,10 +158,13 @@ TEST_CASE("stream churn keeps reserved memory flat, whatever the fence policy", 
   if (policy == "fence_every_free") options.fence_every_free = true;
   if (policy == "cross_stream_wait") options.cross_stream_wait = true;
   if (policy == "stream_checks=none") options.stream_checks = streampool::StreamChecks::none;
+  constexpr int rounds = 120;
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
-    const RunResult result = pool_model::run_churn(seed, options);
+    const RunResult result = pool_model::run_churn(seed, options, rounds);
     if (result.failure)
       FAIL(fmt::format("{}: seed {}\n{}", policy, seed, pool_model::describe(result, 12)));
+    // A line a round: every round churned a stream and measured what the pool held after it.
+    CHECK(result.log.size() == rounds);
   }
 }
 
@@ -173,6 +179,9 @@ TEST_CASE(
   for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
     // In a child process: what the threads race into may crash (a use after free).
     const RunResult result = pool_model::run_concurrent_isolated(seed, options);
+    // The workers allocated (a run whose every allocation failed, or that never began, checked
+    // nothing; a failed one may have stopped before its line).
+    if (!result.failure) CHECK(pool_model::served_by(result).value_or(0) > 0);
     if (result.failure) {
       FAIL(
           fmt::format("seed {} (not deterministic: rerun it with STREAMPOOL_MODEL_FIRST_SEED={} "

@@ -39,6 +39,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -2621,6 +2622,7 @@ struct Concurrent {
   std::string first_failure;
   std::atomic<int> failures{0};
   std::atomic<bool> done{false};
+  std::atomic<std::uint64_t> served{0};  // allocations that returned a buffer
 
   void fail(std::string what) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -2683,6 +2685,7 @@ void concurrent_worker(Concurrent& c, std::uint64_t seed, const ConcurrentOption
           }
           continue;
         }
+        c.served.fetch_add(1, std::memory_order_relaxed);
         c.live.add(b.data(), b.byte_size());
         c.fake.launch(s, {{b.data(), b.byte_size(), true}});
         kept.push_back({std::move(b), {s}});
@@ -2807,6 +2810,7 @@ RunResult run_concurrent(std::uint64_t seed, const ConcurrentOptions& co) {
   for (std::thread& w : workers) w.join();
   c.done = true;
   for (std::thread& r : reclaimers) r.join();
+  result.log.push_back(fmt::format("{} {}", concurrent_served, c.served.load()));
 
   const auto fail = [&](std::string kind, std::string what) {
     if (!result.failure) result.failure = Failure{std::move(kind), std::move(what), 0};
@@ -2846,11 +2850,35 @@ RunResult run_concurrent(std::uint64_t seed, const ConcurrentOptions& co) {
 
 RunResult run_concurrent_isolated(std::uint64_t seed, const ConcurrentOptions& options,
                                   int timeout_s) {
-  RunResult result = isolated([&](const RunOptions&) { return run_concurrent(seed, options); }, {},
-                              {}, std::nullopt, timeout_s);
+  // The log comes back through the pipe, as a sequential run's does.
+  const auto run = [&](const RunOptions& piped) {
+    RunResult r = run_concurrent(seed, options);
+    if (piped.trace) {
+      for (const std::string& line : r.log) piped.trace('L', line);
+    }
+    return r;
+  };
+  RunResult result = isolated(run, {}, {}, std::nullopt, timeout_s);
   if (result.setup.empty()) concurrent_options(seed, options, result.setup);
   result.bytes.clear();
   return result;
+}
+
+std::size_t operations_of(const RunResult& result) {
+  return static_cast<std::size_t>(
+      std::count_if(result.log.begin(), result.log.end(),
+                    [](const std::string& line) { return line.rfind("teardown", 0) != 0; }));
+}
+
+std::optional<std::uint64_t> served_by(const RunResult& result) {
+  for (const std::string& line : result.log) {
+    if (line.rfind(concurrent_served, 0) != 0) continue;
+    std::uint64_t n = 0;
+    const char* first = line.data() + concurrent_served.size() + 1;
+    const auto [end, error] = std::from_chars(first, line.data() + line.size(), n);
+    if (error == std::errc{} && end == line.data() + line.size()) return n;
+  }
+  return std::nullopt;
 }
 
 }  // namespace pool_model

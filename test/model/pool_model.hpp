@@ -45,6 +45,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pool_model {
@@ -128,6 +129,9 @@ RunResult run_bytes_isolated(std::span<const std::uint8_t> bytes, const RunOptio
 RunResult reduce(const RunResult& failing, const RunOptions& options = {}, int max_runs = 3000,
                  bool isolated = true);
 
+// The operations a run applied: its log's lines but the teardown's (which begins "teardown").
+std::size_t operations_of(const RunResult& result);
+
 // The setup, the log (every line, or the last `tail` lines when tail > 0) and the failure.
 std::string describe(const RunResult& result, std::size_t tail = 0);
 std::string to_hex(std::span<const std::uint8_t> bytes);
@@ -156,5 +160,9 @@ RunResult run_concurrent(std::uint64_t seed, const ConcurrentOptions& options = 
 // The same in a child process (a crash is a failure, "crash").
 RunResult run_concurrent_isolated(std::uint64_t seed, const ConcurrentOptions& options = {},
                                   int timeout_s = 120);
+// A concurrent run logs one line, after its threads end: this, then the number of allocations
+// that returned a buffer. served_by reads it back (none: the run logged no such line).
+inline constexpr std::string_view concurrent_served = "allocations served:";
+std::optional<std::uint64_t> served_by(const RunResult& result);
 
 }  // namespace pool_model
