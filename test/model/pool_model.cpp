@@ -2872,7 +2872,7 @@ std::size_t operations_of(const RunResult& result) {
 
 std::optional<std::uint64_t> served_by(const RunResult& result) {
   for (const std::string& line : result.log) {
-    if (line.rfind(concurrent_served, 0) != 0) continue;
+    if (line.size() <= concurrent_served.size() || line.rfind(concurrent_served, 0) != 0) continue;
     std::uint64_t n = 0;
     const char* first = line.data() + concurrent_served.size() + 1;
     const auto [end, error] = std::from_chars(first, line.data() + line.size(), n);
