@@ -23,6 +23,7 @@
 
 #include <streampool/export.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -68,6 +69,14 @@ class SizeClasses {
       if (2 * base >= config.largest || count + 8 > max_classes) break;
     }
     count_ = class_of_unchecked(config.largest) + 1;
+    alignment_shift_ = static_cast<int>(std::countr_zero(config.alignment));
+    // Every block size is a multiple of the alignment, so all requests of one alignment unit
+    // ((i·alignment, (i+1)·alignment]) share a class: the table holds it for the first units.
+    const std::size_t units = std::min<std::size_t>(lookup_units, max_block_size() >> alignment_shift_);
+    for (std::size_t i = 0; i < units; ++i) {
+      lookup_[i] = static_cast<std::uint16_t>(class_of_unchecked((i + 1) << alignment_shift_));
+    }
+    lookup_limit_ = units << alignment_shift_;
   }
 
   const SizeClassConfig& config() const noexcept { return config_; }
@@ -77,8 +86,12 @@ class SizeClasses {
   constexpr std::size_t max_block_size() const noexcept { return block_[count_ - 1]; }
   constexpr bool is_large(std::size_t bytes) const noexcept { return bytes > max_block_size(); }
 
-  // Precondition: !is_large(bytes).
-  constexpr unsigned class_of(std::size_t bytes) const noexcept { return class_of_unchecked(bytes); }
+  // Precondition: !is_large(bytes). A load for requests of up to lookup_units alignment units
+  // (256 KiB with the defaults: every small one), the arithmetic below beyond.
+  constexpr unsigned class_of(std::size_t bytes) const noexcept {
+    if (bytes - 1 < lookup_limit_) [[likely]] return lookup_[(bytes - 1) >> alignment_shift_];
+    return class_of_unchecked(bytes);
+  }
   // Precondition: index < count().
   constexpr std::size_t block_size(unsigned index) const noexcept { return block_[index]; }
 
@@ -88,8 +101,9 @@ class SizeClasses {
     return (nominal + config_.alignment - 1) / config_.alignment * config_.alignment;
   }
 
-  // On the allocation fast path: with power-of-two sizes (the usual configuration) every
-  // division below is a shift, and the whole mapping is a dozen instructions.
+  // The table's source, and class_of beyond it: with power-of-two sizes (the usual
+  // configuration) every division below is a shift, and the whole mapping is a dozen
+  // instructions.
   constexpr unsigned class_of_unchecked(std::size_t bytes) const noexcept {
     if (bytes <= config_.smallest) return 0;
     // k: the band with smallest·2^k < bytes <= smallest·2^(k+1)
@@ -104,8 +118,14 @@ class SizeClasses {
     return band_first_[k] + static_cast<unsigned>(j) - 1;
   }
 
+  static constexpr std::size_t lookup_units = 1024;
+  static_assert(max_classes <= 0xffff, "a class index fits the table's entries");
+
   SizeClassConfig config_;
   int smallest_shift_ = -1;  // log2(smallest) when it is a power of two, else -1
+  int alignment_shift_ = 0;  // log2(alignment)
+  std::size_t lookup_limit_ = 0;  // the table answers requests of 1 .. lookup_limit_ bytes
+  std::array<std::uint16_t, lookup_units> lookup_{};  // the class of each alignment unit's requests
   unsigned count_ = 0;
   std::array<unsigned, max_bands> band_first_{};
   std::array<int, max_bands> step_shift_{};  // log2(step) of each band when a power of two
