@@ -86,9 +86,11 @@ class SizeClasses {
   constexpr std::size_t max_block_size() const noexcept { return block_[count_ - 1]; }
   constexpr bool is_large(std::size_t bytes) const noexcept { return bytes > max_block_size(); }
 
-  // Precondition: !is_large(bytes). A load for requests of up to lookup_units alignment units
-  // (256 KiB with the defaults: every small one), the arithmetic below beyond.
+  // Precondition: !is_large(bytes). Class 0 up to the smallest block, a load above it for
+  // requests of up to lookup_units alignment units (256 KiB with the defaults: every small one),
+  // the arithmetic below beyond.
   constexpr unsigned class_of(std::size_t bytes) const noexcept {
+    if (bytes <= config_.smallest) return 0;
     if (bytes - 1 < lookup_limit_) [[likely]] return lookup_[(bytes - 1) >> alignment_shift_];
     return class_of_unchecked(bytes);
   }
