@@ -64,6 +64,43 @@ TEST_CASE("every size up to the largest class maps to a block that holds it, ali
   }
 }
 
+TEST_CASE("a smallest block that is no power of two, and large alignments, keep the promise at "
+          "the edges of every alignment unit") {
+  // class_of answers the first 1,024 alignment units from a table, the arithmetic beyond: around
+  // the table's end, with tables shorter than it, and where the arithmetic divides.
+  struct Odd {
+    std::size_t smallest, alignment;
+  };
+  const Odd odd[] = {{3 * 256, 256}, {5 * 256, 256}, {7 * 512, 512},
+                     {3 * 4096, 4096}, {1 << 16, 1 << 16}, {9 * 1024, 1024}};
+  std::size_t checked = 0;
+  for (const Odd& o : odd) {
+    for (unsigned per : {1u, 2u, 4u, 8u}) {
+      for (std::size_t units : {1u, 100u, 1024u, 1500u}) {
+        for (std::size_t extra : {std::size_t{0}, std::size_t{37}}) {
+          const SizeClassConfig config{o.smallest, per,
+                                       std::max(o.smallest, units * o.alignment + extra),
+                                       o.alignment};
+          CAPTURE(config.smallest, config.per_doubling, config.largest, config.alignment);
+          REQUIRE(streampool::validate(config).empty());
+          const SizeClasses classes(config);
+          const std::size_t a = config.alignment;
+          for (std::size_t edge = a; edge <= classes.max_block_size(); edge += a) {
+            for (std::size_t n : {edge - 1, edge, edge + 1}) {
+              if (n == 0 || classes.is_large(n)) continue;
+              check_size(classes, n);
+              ++checked;
+            }
+          }
+          check_size(classes, 1);
+          REQUIRE(classes.is_large(classes.max_block_size() + 1));
+        }
+      }
+    }
+  }
+  SUCCEED(checked << " sizes checked");
+}
+
 TEST_CASE("sampled sizes up to 1 TiB keep the promise") {
   std::mt19937_64 random(42);
   for (unsigned per : {1u, 2u, 4u, 8u}) {

@@ -69,6 +69,7 @@ class SizeClasses {
       if (2 * base >= config.largest || count + 8 > max_classes) break;
     }
     count_ = class_of_unchecked(config.largest) + 1;
+    max_block_ = block_[count_ - 1];
     alignment_shift_ = static_cast<int>(std::countr_zero(config.alignment));
     // Every block size is a multiple of the alignment, so all requests of one alignment unit
     // ((i·alignment, (i+1)·alignment]) share a class: the table holds it for the first units.
@@ -83,7 +84,7 @@ class SizeClasses {
   // Number of classes; class indices are 0 .. count() - 1.
   constexpr unsigned count() const noexcept { return count_; }
   // The largest block a class holds: requests above it are large.
-  constexpr std::size_t max_block_size() const noexcept { return block_[count_ - 1]; }
+  constexpr std::size_t max_block_size() const noexcept { return max_block_; }
   constexpr bool is_large(std::size_t bytes) const noexcept { return bytes > max_block_size(); }
 
   // Precondition: !is_large(bytes). Class 0 up to the smallest block, a load above it for
@@ -111,7 +112,9 @@ class SizeClasses {
     // k: the band with smallest·2^k < bytes <= smallest·2^(k+1)
     const std::size_t multiple = smallest_shift_ >= 0 ? (bytes - 1) >> smallest_shift_
                                                       : (bytes - 1) / config_.smallest;
-    const unsigned k = static_cast<unsigned>(std::bit_width(multiple)) - 1;
+    // (multiple >= 1 here; `| 1` changes no bit width but says so to a compiler that would
+    // otherwise warn of a band -1 where this is inlined.)
+    const unsigned k = static_cast<unsigned>(std::bit_width(multiple | 1)) - 1;
     const std::size_t base = config_.smallest << k;
     const std::size_t above = bytes - base - 1;
     // 1-based step within the band: ceil((bytes - base) / step)
@@ -123,15 +126,18 @@ class SizeClasses {
   static constexpr std::size_t lookup_units = 1024;
   static_assert(max_classes <= 0xffff, "a class index fits the table's entries");
 
+  // What the allocation fast path reads (is_large, class_of) first, on one cache line with the
+  // configuration; the table last.
   SizeClassConfig config_;
   int smallest_shift_ = -1;  // log2(smallest) when it is a power of two, else -1
   int alignment_shift_ = 0;  // log2(alignment)
-  std::size_t lookup_limit_ = 0;  // the table answers requests of 1 .. lookup_limit_ bytes
-  std::array<std::uint16_t, lookup_units> lookup_{};  // the class of each alignment unit's requests
+  std::size_t lookup_limit_ = 0;  // the table answers requests of smallest + 1 .. lookup_limit_
+  std::size_t max_block_ = 0;     // block_[count_ - 1]
   unsigned count_ = 0;
   std::array<unsigned, max_bands> band_first_{};
   std::array<int, max_bands> step_shift_{};  // log2(step) of each band when a power of two
   std::array<std::size_t, max_classes> block_{};
+  std::array<std::uint16_t, lookup_units> lookup_{};  // the class of each alignment unit's requests
 };
 
 }  // namespace streampool
