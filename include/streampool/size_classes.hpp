@@ -73,7 +73,8 @@ class SizeClasses {
     alignment_shift_ = static_cast<int>(std::countr_zero(config.alignment));
     // Every block size is a multiple of the alignment, so all requests of one alignment unit
     // ((i·alignment, (i+1)·alignment]) share a class: the table holds it for the first units.
-    const std::size_t units = std::min<std::size_t>(lookup_units, max_block_size() >> alignment_shift_);
+    const std::size_t units =
+        std::min<std::size_t>(lookup_units, max_block_size() >> alignment_shift_);
     for (std::size_t i = 0; i < units; ++i) {
       lookup_[i] = static_cast<std::uint16_t>(class_of_unchecked((i + 1) << alignment_shift_));
     }
