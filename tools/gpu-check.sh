@@ -9,13 +9,17 @@
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
 #                                     streampool, tools/torch_check.py; TORCH_STEPS: training
 #                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50),
-#                                     ab (this tree's bench against an older tree's, AB_OLD)
+#                                     ab (this tree's bench against an older tree's, AB_OLD),
+#                                     replay-ab (cold replays of the traces in .traces and the
+#                                     embedded workloads, device calls timed, against the
+#                                     older tree's: what growth costs)
 #                                     Exits 1 when a stage failed (each stage's rc is in the log).
 #
 # Before the call, on the development machine: ../shared/gpu/prepare.sh (fills .devdeps), and
-# carry .devdeps. For `ab`, the older tree too, in an ignored folder carried with the call:
+# carry .devdeps. For `ab` and `replay-ab`, the older tree too, in an ignored folder carried with the call:
 #   rm -rf build-old-src && mkdir build-old-src && git archive COMMIT | tar -x -C build-old-src
-#   (then carry build-old-src; AB_OLD names another folder)
+#   (then carry build-old-src; AB_OLD names another folder); for `replay-ab`, the traces too:
+#   mkdir -p .traces && cp ../shared/traces/*.csv.gz .traces/ (then carry .traces)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-out}
@@ -63,7 +67,7 @@ if ((!only_torch)); then
   # The stress stages need the bench alone.
   targets=()
   only_stress=1
-  for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize ab " == *" $s "* ]] || only_stress=0; done
+  for s in "${stages[@]}"; do [[ " stress stress-ab stress-paced churn stress-sanitize ab replay-ab " == *" $s "* ]] || only_stress=0; done
   ((only_stress)) && targets=(--target streampool-bench)
   stage build cmake --build "$build" -j "$(nproc)" "${targets[@]}" || { tail -60 "$log"; exit 1; }
 fi
@@ -151,13 +155,19 @@ fi
 # default settings, 12 s a run. One file back, ab.tgz (the device tool brings back only a few
 # files), packed again after every run, so that a call cut short by the tool's time limit still
 # brings back the runs that finished.
-ab() {
-  local old_src=${AB_OLD:-$root/build-old-src} old_build=$root/build-gpu-old i=0 which bench
-  [ -f "$old_src/CMakeLists.txt" ] || { echo "ab: no source tree in $old_src"; return 1; }
+old_build=$root/build-gpu-old
+# The older tree's bench (AB_OLD, else build-old-src), built as this tree's is.
+build_old() {
+  local old_src=${AB_OLD:-$root/build-old-src}
+  [ -f "$old_src/CMakeLists.txt" ] || { echo "no source tree in $old_src"; return 1; }
   cmake -S "$old_src" -B "$old_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF \
     -DSTREAMPOOL_BUILD_TESTS=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF &&
-    cmake --build "$old_build" -j "$(nproc)" --target streampool-bench || return 1
+    cmake --build "$old_build" -j "$(nproc)" --target streampool-bench
+}
+ab() {
+  local i=0 which bench
+  build_old || return 1
   local results=$root/ab-out
   rm -rf "$results" && mkdir -p "$results"
   local pack=(tar -C "$root" -czf "$out/ab.tgz" ab-out)
@@ -180,8 +190,33 @@ ab() {
     "${pack[@]}"
   done
 }
+# Growth from a cold pool, this tree against the older one: `replay --raw --calls` of the traces
+# carried in .traces and the embedded workloads, in the order old new new old (each replay a
+# fresh pool, so every device allocation is a growth, and --calls times the device calls), then
+# each with fixed segments once. One file back, replay-ab.tgz, packed again after every run.
+replay_ab() {
+  local i=0 which bench config traces=("$root"/.traces/*.csv.gz) results=$root/replay-ab-out
+  [ -f "${traces[0]}" ] || traces=()
+  build_old || return 1
+  rm -rf "$results" && mkdir -p "$results"
+  local pack=(tar -C "$root" -czf "$out/replay-ab.tgz" replay-ab-out)
+  for which in old new new old fixed-new fixed-old; do
+    i=$((i + 1))
+    bench=$build/bench/streampool-bench
+    [[ $which == *old ]] && bench=$old_build/bench/streampool-bench
+    config=""
+    [[ $which == fixed-* ]] && config=expandable_segments=false
+    echo "replay-ab: run $i, $which"
+    "$bench" replay --raw --calls --config "$config" "${traces[@]}" --workload all \
+      >"$results/replay-$i-$which.md" || return 1
+    "${pack[@]}"
+  done
+}
 if want ab; then
   stage ab ab
+fi
+if want replay-ab; then
+  stage replay-ab replay_ab
 fi
 # PyTorch on streampool (docs/pytorch.md): the allocator library, its hooks (needs PyTorch's
 # C++ headers; the check runs without them if they fail to build), then tools/torch_check.py.
