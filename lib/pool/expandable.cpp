@@ -380,10 +380,8 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
 
 bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
                               const StreamState* s) noexcept {
-  // No walk for nothing.
-  if (plan.hole == nullptr || !calls_allowed(Restricted::free) || found.coverable == 0) {
-    return false;
-  }
+  if (found.coverable == 0) return false;  // no walk for nothing
+  STREAMPOOL_ASSERT(plan.hole != nullptr && calls_allowed(Restricted::free));
   const Kept kept = kept_by(plan);
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
@@ -402,11 +400,8 @@ bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
 }
 
 bool LargeTier::strands_own(const Plan& plan, const Unmappable& found) const noexcept {
-  if (plan.hole == nullptr || !calls_allowed(Restricted::free) ||
-      !calls_allowed(Restricted::event_wait)) {
-    return false;
-  }
-  return found.own_pending && found.coverable < plan.bytes;
+  return found.own_pending && found.coverable < plan.bytes &&
+         calls_allowed(Restricted::event_wait);
 }
 
 void LargeTier::Unmappable::count(const Block& r, const Mapping& m, const Timeline* own,

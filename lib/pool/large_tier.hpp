@@ -297,7 +297,9 @@ class LargeTier {
   // granule or more can hold a mapping, and a cold pool grows hundreds of times, where a walk
   // of every mapping and range at each growth made growth quadratic. While a free range is left
   // unindexed (index() found no host memory), by the walk. A growth looks once, for the plan
-  // it made, and asks strands_own and give_back_for with what it found. [growth_mutex_, mutex_]
+  // it made, and asks strands_own and give_back_for with what it found: nothing (Unmappable{})
+  // where the plan has no hole or a free is forbidden now, so that neither asks that again.
+  // [growth_mutex_, mutex_]
   struct Unmappable {
     std::size_t whole = 0;      // the bytes of all of them
     std::size_t coverable = 0;  // of those in covered ranges
