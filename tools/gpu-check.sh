@@ -193,10 +193,17 @@ ab() {
 # Growth from a cold pool, this tree against the older one: `replay --raw --calls` of the traces
 # carried in .traces and the embedded workloads, in the order old new new old (each replay a
 # fresh pool, so every device allocation is a growth, and --calls times the device calls), then
-# each with fixed segments once. One file back, replay-ab.tgz, packed again after every run.
+# each with fixed segments once. One file back, replay-ab.tgz, packed again after every run. The
+# older tree needs replay's --raw and --calls (e065b5f and after). A run that fails (a replay
+# exits 1 on a failed allocation) is packed with its report and the next runs go on; the stage
+# fails at the end.
 replay_ab() {
   local i=0 which bench config traces=("$root"/.traces/*.csv.gz) results=$root/replay-ab-out
-  [ -f "${traces[0]}" ] || traces=()
+  local rc=0
+  if [ ! -f "${traces[0]}" ]; then
+    echo "replay-ab: no traces in $root/.traces: the embedded workloads alone"
+    traces=()
+  fi
   build_old || return 1
   rm -rf "$results" && mkdir -p "$results"
   local pack=(tar -C "$root" -czf "$out/replay-ab.tgz" replay-ab-out)
@@ -208,9 +215,11 @@ replay_ab() {
     [[ $which == fixed-* ]] && config=expandable_segments=false
     echo "replay-ab: run $i, $which"
     "$bench" replay --raw --calls --config "$config" "${traces[@]}" --workload all \
-      >"$results/replay-$i-$which.md" || return 1
+      >"$results/replay-$i-$which.md" 2>"$results/replay-$i-$which.err" ||
+      { rc=1; echo "replay-ab: run $i, $which failed"; }
     "${pack[@]}"
   done
+  return $rc
 }
 if want ab; then
   stage ab ab

@@ -380,8 +380,10 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
 
 bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
                               const StreamState* s) noexcept {
-  if (found.coverable == 0) return false;  // no walk for nothing
-  STREAMPOOL_ASSERT(plan.hole != nullptr && calls_allowed(Restricted::free));
+  // No walk for nothing, nor where a free is forbidden now: another thread's capture may have
+  // begun since the look (which found nothing where one was under way).
+  if (found.coverable == 0 || !calls_allowed(Restricted::free)) return false;
+  STREAMPOOL_ASSERT(plan.hole != nullptr);
   const Kept kept = kept_by(plan);
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
@@ -400,8 +402,9 @@ bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
 }
 
 bool LargeTier::strands_own(const Plan& plan, const Unmappable& found) const noexcept {
+  // The free as well as the wait: the give-back that the wait is for is a free (as above).
   return found.own_pending && found.coverable < plan.bytes &&
-         calls_allowed(Restricted::event_wait);
+         calls_allowed(Restricted::event_wait) && calls_allowed(Restricted::free);
 }
 
 void LargeTier::Unmappable::count(const Block& r, const Mapping& m, const Timeline* own,
