@@ -5,6 +5,7 @@
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
+#include <streampool/reserved_limit.hpp>
 
 #include <functional>
 
@@ -140,6 +141,42 @@ TEST_CASE("an allocation whose cudaMalloc fails keeps CUDA's error and names cud
     // The limit refused, not the device: the message says so, and names no device call.
     CHECK_THAT(e.what(), Catch::Contains("max_reserved_bytes"));
     CHECK_THAT(e.what(), !Catch::Contains("cudaMalloc"));
+  }
+}
+
+// The limit holds a request's bytes while the device call runs (so that two threads cannot both
+// pass it); a call the device refuses must give them back, or each refusal would lower the limit
+// for good.
+TEST_CASE("a device refusal under a reserved-memory limit gives the limit its bytes back",
+          "[errors][faults]") {
+  auto fake = std::make_shared<FakeDevice>();
+  streampool::ReservedLimit limit(fake, 8 * MiB);
+  SECTION("cudaMalloc") {
+    void* ptr = nullptr;
+    fake->fail_next(Call::malloc, 1, cudaErrorLaunchFailure);
+    CHECK(limit.malloc(&ptr, 8 * MiB) == cudaErrorLaunchFailure);  // the device's answer
+    REQUIRE(limit.malloc(&ptr, 8 * MiB) == cudaSuccess);            // the whole limit again
+    CHECK(limit.malloc(&ptr, 1) == cudaErrorMemoryAllocation);      // and no more
+    CHECK(limit.free(ptr) == cudaSuccess);
+  }
+  SECTION("cuMemCreate") {
+    streampool::VmHandle handle{};
+    fake->fail_next(Call::vm_create, 1, cudaErrorLaunchFailure);
+    CHECK(limit.vm_create(&handle, 8 * MiB) == cudaErrorLaunchFailure);
+    REQUIRE(limit.vm_create(&handle, 8 * MiB) == cudaSuccess);
+    streampool::VmHandle more{};
+    CHECK(limit.vm_create(&more, 2 * MiB) == cudaErrorMemoryAllocation);
+    CHECK(limit.vm_release(handle) == cudaSuccess);
+  }
+  SECTION("through a pool: the out-of-memory ladder's retry gets the memory") {
+    auto options = malloc_segments();
+    options.max_reserved_bytes = 20 * MiB;  // one segment
+    PoolOnFake pool(options);
+    cudaStream_t s = pool.fake().create_stream();
+    pool.fake().fail_next(Call::malloc, 1);  // out of memory, once
+    auto buffer = Bytes::alloc_async(*pool, MiB, s);  // the retry asks for the request alone
+    CHECK(pool.fake().calls(Call::malloc) == 2);
+    CHECK(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(MiB));
   }
 }
 
