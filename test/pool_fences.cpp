@@ -337,6 +337,28 @@ TEST_CASE("unfenced bytes older than the time bound are fenced by a later drop o
   fake.complete_all();
 }
 
+// The slow path of an allocation applies the same bound: a stream that stops dropping (so that no
+// drop reads the clock again) still gets its fence when it next allocates past its lists.
+TEST_CASE("unfenced bytes older than the time bound are fenced by the stream's next slow-path "
+          "allocation") {
+  auto options = test_options();
+  options.unfenced_us = 1000;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  Bytes::alloc_async(*pool, block_bytes, b).reset();  // a second stream: the bound applies
+  Bytes::alloc_async(*pool, block_bytes, a).reset();  // unfenced from now on (drop 1)
+  // Drops 2 to 64: the 64th reads the clock (FencePolicy::clock_every), which starts the bound.
+  for (int i = 0; i < 63; ++i) Bytes::alloc_async(*pool, 2 * block_bytes, a).reset();
+  REQUIRE(fake.calls(FakeDevice::Call::event_record) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  auto fresh = Bytes::alloc_async(*pool, 8 * block_bytes, a);  // a class with no block yet
+  CHECK(fake.calls(FakeDevice::Call::event_record) == 1);
+  CHECK(pool->stats().fences_recorded == 1);
+  fake.complete_all();
+}
+
 // Issue 8, "also": cross_stream_wait is a rule of the small tier only. The large tier takes
 // another stream's range only once its fence completed, so a large request grows the arena where
 // a small one would wait on the fence.
