@@ -154,6 +154,40 @@ TEST_CASE("drops past the unfenced bound of another thread's per-thread default 
   fake.complete_all();
 }
 
+// A drop on one thread of a buffer used (record_stream) on another thread's per-thread default
+// stream: only that thread may record a fence there, so the drop asks it, and the block waits.
+TEST_CASE("a buffer used on another thread's per-thread default stream waits for a fence that "
+          "thread's next call records") {
+  PoolOnFake pool(one_block_slabs());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, 4096, a);
+  write_on(fake, a, x);
+  cudaEvent_t written = nullptr;
+  REQUIRE(fake.event_create(&written) == cudaSuccess);
+  REQUIRE(fake.event_record(written, a) == cudaSuccess);
+  REQUIRE(fake.stream_wait_event(cudaStreamPerThread, written) == cudaSuccess);
+  fake.event_destroy(written);
+  x.record_stream(cudaStreamPerThread);  // this thread's per-thread stream reads it, after a
+  fake.launch(cudaStreamPerThread, {{x.data(), x.byte_size(), false}});  // pending until completed
+  void* const dropped = x.data();
+  std::thread([&] { x.reset(); }).join();  // fences a; asks this thread for the other
+  REQUIRE(pool->stats().fences_recorded == 1);
+  fake.complete(a);
+  auto early = Bytes::alloc_async(*pool, 4096, c);
+  CHECK(static_cast<void*>(early.data()) != dropped);  // the per-thread stream's use is pending
+  write_on(fake, c, early);
+  auto next = Bytes::alloc_async(*pool, 512, cudaStreamPerThread);  // this thread's next call
+  CHECK(pool->stats().fences_recorded == 2);  // recorded there, as asked
+  fake.complete_all();
+  auto late = Bytes::alloc_async(*pool, 4096, c);  // the fence has completed: x's block is free
+  CHECK(static_cast<void*>(late.data()) == dropped);
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  fake.complete_all();
+}
+
 TEST_CASE("release_stream makes a stream's cached blocks usable on any stream") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
