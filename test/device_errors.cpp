@@ -189,6 +189,22 @@ TEST_CASE("an allocation whose capture-status query fails keeps CUDA's error",
   CHECK(e.errc() == Errc::device_error);
   CHECK(e.cuda_error() == cudaErrorLaunchFailure);
   CHECK_THAT(e.what(), Catch::Contains("cudaStreamGetCaptureInfo"));
+
+  SECTION("also under StreamChecks::none, which asks the status of a new stream while a capture "
+          "with a pool is under way") {
+    PoolOnFake unchecked(with_checks(StreamChecks::none));
+    FakeDevice& fake = unchecked.fake();
+    cudaStream_t captured = fake.create_stream();
+    auto capture = std::make_shared<CapturePool>(*unchecked);
+    streampool::begin_capture_with_pool(capture, captured);
+    cudaStream_t fresh = fake.create_stream();
+    fake.fail_next(Call::capture_info, 1, cudaErrorLaunchFailure);
+    const Error none = thrown_by([&] { unchecked->allocate(256, fresh); });
+    CHECK(none.errc() == Errc::device_error);
+    CHECK(none.cuda_error() == cudaErrorLaunchFailure);
+    CHECK_THAT(none.what(), Catch::Contains("cudaStreamGetCaptureInfo"));
+    CapturedGraph graph = streampool::end_capture_with_pool(captured, capture);
+  }
 }
 
 TEST_CASE("record_stream naming an invalid stream keeps CUDA's error", "[errors][faults]") {
