@@ -11,6 +11,7 @@
 
 using streampool::CapturedGraph;
 using streampool::CaptureMode;
+using streampool::CaptureStatus;
 using streampool::CapturePool;
 using streampool::Errc;
 using streampool::Error;
@@ -261,4 +262,37 @@ TEST_CASE("the capture layer's errors from device calls keep CUDA's error", "[er
     CHECK(e.cuda_error() == cudaSuccess);
     CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
   }
+  // A refused begin or end leaves nothing behind: the stream is not capturing, no graph or user
+  // object stays, and the CapturePool captures again (its binding to the stream was undone).
+  SECTION("begin_capture_with_pool when cudaStreamBeginCapture fails") {
+    fake.fail_next(Call::begin_capture, 1, cudaErrorLaunchFailure);
+    const Error e = thrown_by([&] { streampool::begin_capture_with_pool(capture, s); });
+    CHECK(e.cuda_error() == cudaErrorLaunchFailure);
+    CHECK_THAT(e.what(), Catch::Contains("cudaStreamBeginCapture"));
+  }
+  SECTION("end_capture_with_pool when cudaUserObjectCreate fails") {
+    streampool::begin_capture_with_pool(capture, s);
+    fake.fail_next(Call::user_object_create, 1, cudaErrorLaunchFailure);
+    const Error e = thrown_by([&] { streampool::end_capture_with_pool(s, capture); });
+    CHECK(e.cuda_error() == cudaErrorLaunchFailure);
+    CHECK_THAT(e.what(), Catch::Contains("cudaUserObjectCreate"));
+  }
+  SECTION("end_capture_with_pool when cudaGraphInstantiate fails") {
+    capture->reserve(MiB);
+    streampool::begin_capture_with_pool(capture, s);
+    auto inside = Bytes::alloc_async(*pool, 4096, s);  // a buffer of the capture, dropped in it
+    inside.reset();
+    fake.fail_next(Call::graph_instantiate, 1, cudaErrorLaunchFailure);
+    const Error e = thrown_by([&] { streampool::end_capture_with_pool(s, capture); });
+    CHECK(e.cuda_error() == cudaErrorLaunchFailure);
+    CHECK_THAT(e.what(), Catch::Contains("cudaGraphInstantiate"));
+    CHECK(fake.live_user_objects() == 0);  // the graph's reference to the pool went with it
+  }
+  CHECK(fake.live_graphs() == 0);
+  CaptureStatus status = CaptureStatus::active;
+  REQUIRE(fake.capture_info(s, &status, nullptr) == cudaSuccess);
+  CHECK(status == CaptureStatus::none);
+  streampool::begin_capture_with_pool(capture, s);  // the pool captures again
+  CapturedGraph again = streampool::end_capture_with_pool(s, capture);
+  CHECK(fake.live_graphs() == 1);
 }
