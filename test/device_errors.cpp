@@ -263,7 +263,8 @@ TEST_CASE("the capture layer's errors from device calls keep CUDA's error", "[er
     CapturedGraph graph = streampool::end_capture_with_pool(s, capture);
   }
   // A refused begin or end leaves nothing behind: the stream is not capturing, no graph or user
-  // object stays, and the CapturePool captures again (its binding to the stream was undone).
+  // object stays, and the CapturePool captures again (its binding to the stream was undone). The
+  // checks after the last section hold after each of them.
   SECTION("begin_capture_with_pool when cudaStreamBeginCapture fails") {
     fake.fail_next(Call::begin_capture, 1, cudaErrorLaunchFailure);
     const Error e = thrown_by([&] { streampool::begin_capture_with_pool(capture, s); });
