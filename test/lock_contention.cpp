@@ -21,16 +21,22 @@ namespace contention = streampool::detail::contention;
 namespace {
 
 // Holds `lock` on another thread for `ms`, while this thread takes it: one wait of about that long.
+// The holder's time starts once this thread is about to take the lock: started when the holder
+// took it, the time could pass while this thread was not yet running (a CI run on a loaded
+// two-core machine counted 6.6 ms of a 20 ms hold). The checks ask for 10 ms of a 50 ms hold.
 template <class Lock>
 void wait_behind(Lock& lock, int ms) {
   std::atomic<bool> held{false};
+  std::atomic<bool> taking{false};
   std::thread holder([&] {
     lock.lock();
     held = true;
+    while (!taking) std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     lock.unlock();
   });
   while (!held) std::this_thread::yield();
+  taking = true;
   lock.lock();
   lock.unlock();
   holder.join();
@@ -47,10 +53,10 @@ TEST_CASE("lock_contention counts the waits for a held lock and their time, and 
       mutex.unlock();
     }
     CHECK(lock_contention().arena.waits == before.arena.waits);
-    wait_behind(mutex, 20);
+    wait_behind(mutex, 50);
     const LockContention after = lock_contention();
     CHECK(after.arena.waits == before.arena.waits + 1);
-    CHECK(after.arena.ns - before.arena.ns >= 10'000'000);  // it slept 20 ms holding it
+    CHECK(after.arena.ns - before.arena.ns >= 10'000'000);  // of the 50 ms it held it
     CHECK(after.growth.waits == before.growth.waits);
   }
   SECTION("a stream's lock held by another thread, unbiased") {
@@ -59,7 +65,7 @@ TEST_CASE("lock_contention counts the waits for a held lock and their time, and 
     lock.lock();  // one acquisition: far from the bias threshold
     lock.unlock();
     CHECK(lock_contention().stream.waits == before.stream.waits);
-    wait_behind(lock, 20);
+    wait_behind(lock, 50);
     const LockContention after = lock_contention();
     CHECK(after.stream.waits == before.stream.waits + 1);
     CHECK(after.stream.ns - before.stream.ns >= 10'000'000);
