@@ -1,6 +1,7 @@
 // The raw-pointer API: allocate and deallocate as cudaMallocAsync and cudaFreeAsync. A free may
 // name another stream than the allocation's: the memory is then reusable after the work enqueued
 // on the freeing stream so far, and no sooner, on any stream.
+#include "coverage.hpp"
 #include "fake_helpers.hpp"
 #include "pool_helpers.hpp"
 
@@ -63,6 +64,7 @@ ChildEnd in_child(const std::function<void()>& misuse) {
     ::dup2(fds[1], 2);
     ::close(fds[0]);
     misuse();
+    flush_coverage();
     ::_exit(0);
   }
   ::close(fds[1]);

@@ -216,7 +216,7 @@ replay_ab() {
     echo "replay-ab: run $i, $which"
     "$bench" replay --raw --calls --config "$config" "${traces[@]}" --workload all \
       >"$results/replay-$i-$which.md" 2>"$results/replay-$i-$which.err" ||
-      { rc=1; echo "replay-ab: run $i, $which failed"; }
+      { rc=1; echo "replay-ab: run $i, $which failed:"; tail -n 5 "$results/replay-$i-$which.err"; }
     "${pack[@]}"
   done
   return $rc

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages streampool builds with, when any is missing. The CUDA toolkit is
 # expected at /usr/local/cuda (or wherever CUDAToolkit_ROOT points); it is not a Debian package.
-# Usage: tools/install-deps.sh [fuzz]   (fuzz: also clang and its runtimes, libFuzzer among them,
-# for tools/fuzz.sh)
+# Usage: tools/install-deps.sh [fuzz|coverage]   (fuzz: also clang and its runtimes, libFuzzer
+# among them, for tools/fuzz.sh; coverage: also gcovr, for tools/coverage.sh)
 set -euo pipefail
 packages=(cmake ninja-build g++ libfmt-dev catch2 zlib1g-dev libcli11-dev nlohmann-json3-dev)
 if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-dev)
+elif [ "${1:-}" = coverage ]; then
+  packages+=(gcovr)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -19,6 +19,7 @@
 //     first), and under StreamChecks::none only after release_stream.
 //   - An injected fault is armed just before one pool call and disarmed just after it, so that
 //     the model's own device calls never meet it.
+#include "../coverage.hpp"
 #include "../live_ranges.hpp"
 #include "pool_model.hpp"
 
@@ -2322,6 +2323,7 @@ RunResult isolated(const std::function<RunResult(const RunOptions&)>& run, RunOp
       send('T', std::to_string(result.failure->step));
     }
     send('B', to_hex(result.bytes));
+    flush_coverage();
     ::_exit(0);
   }
   ::close(fds[1]);
