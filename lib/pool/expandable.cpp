@@ -380,8 +380,8 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
 
 bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
                               const StreamState* s) noexcept {
-  // No walk for nothing, nor where a free is forbidden now: another thread's capture may have
-  // begun since the look (which found nothing where one was under way).
+  // No walk for nothing, nor where a free is forbidden now: another thread may have engaged the
+  // gate since the look (which found nothing where the gate forbade the free).
   if (found.coverable == 0 || !calls_allowed(Restricted::free)) return false;
   STREAMPOOL_ASSERT(plan.hole != nullptr);
   const Kept kept = kept_by(plan);

@@ -299,7 +299,7 @@ class LargeTier {
   // unindexed (index() found no host memory), by the walk. A growth looks once, for the plan
   // it made, and asks strands_own and give_back_for with what it found: nothing (Unmappable{})
   // where the plan has no hole or a free is forbidden. Whether a free is allowed can change
-  // after the look (another thread's capture begins), so both ask that again.
+  // after the look (another thread engages the gate), so both ask that again.
   // [growth_mutex_, mutex_]
   struct Unmappable {
     std::size_t whole = 0;      // the bytes of all of them
