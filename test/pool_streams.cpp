@@ -1,6 +1,7 @@
 // Streams are told apart by their CUDA id, not their handle: a destroyed stream's handle, reused
 // by CUDA for the next stream, and the per-thread default stream (one handle, a stream per
 // thread) are never confused.
+#include "fake_helpers.hpp"
 #include "pool_helpers.hpp"
 
 #include <thread>
@@ -164,11 +165,7 @@ TEST_CASE("a buffer used on another thread's per-thread default stream waits for
   cudaStream_t c = fake.create_stream();
   auto x = Bytes::alloc_async(*pool, 4096, a);
   write_on(fake, a, x);
-  cudaEvent_t written = nullptr;
-  REQUIRE(fake.event_create(&written) == cudaSuccess);
-  REQUIRE(fake.event_record(written, a) == cudaSuccess);
-  REQUIRE(fake.stream_wait_event(cudaStreamPerThread, written) == cudaSuccess);
-  fake.event_destroy(written);
+  fake_test::order_after(fake, cudaStreamPerThread, a);
   x.record_stream(cudaStreamPerThread);  // this thread's per-thread stream reads it, after a
   fake.launch(cudaStreamPerThread, {{x.data(), x.byte_size(), false}});  // pending until completed
   void* const dropped = x.data();
