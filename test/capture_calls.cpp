@@ -254,3 +254,64 @@ TEST_CASE("no other thread makes a device allocation once a global capture with 
   CHECK(capture_status(fake, s) == CaptureStatus::active);
   end_capture_anyway(s, capture);
 }
+
+// A growth looks at the gate once before it waits for the growth lock, and again once it holds
+// it (LargeTier::grow): a global capture with a pool that begins while the growth waits for
+// another thread's forbids the cudaMalloc it was about to make.
+TEST_CASE("a growth that waited for another thread's growth makes no device allocation once a "
+          "global capture with a pool has begun") {
+  HookedPool pool;  // fixed segments: nothing but cudaMalloc can grow
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::error_code error;
+  std::shared_future<void> waited;
+  pool.device->after_next(Call::malloc, [&] {
+    // b's growth holds the growth lock: a's allocation (more than b's segment leaves) decides to
+    // grow and waits for it. Then a global capture with a pool begins.
+    waited = on_own_thread([&] { Bytes::try_alloc_async(*pool, 24 * MiB, a, error); },
+                           std::chrono::milliseconds(200));
+    streampool::begin_capture_with_pool(capture, s);
+  });
+  auto on_b = Bytes::alloc_async(*pool, 8 * MiB, b);
+  pool.device->run_unfired();
+  waited.wait();
+  CHECK(error == Errc::capture_forbids_call);
+  CHECK(fake.calls(Call::malloc) == 1);  // b's alone
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+}
+
+// A device whose granularity query answers but whose address reservation says it lacks virtual
+// memory: the growth falls back to cudaMalloc (LargeTier::grow) only if the gate still allows
+// it after those calls.
+TEST_CASE("a growth that finds the device lacks virtual memory makes no device allocation once a "
+          "global capture with a pool has begun during its calls") {
+  auto options = test_options();
+  options.expandable_segments = true;
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t a = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  fake.fail_next(Call::vm_reserve, 1, cudaErrorNotSupported);
+  std::shared_future<void> begun;
+  pool.device->before_next(Call::vm_reserve, [&] {
+    begun = on_own_thread([&] { streampool::begin_capture_with_pool(capture, s); });
+  });
+  std::error_code error;
+  auto on_a = Bytes::try_alloc_async(*pool, 8 * MiB, a, error);
+  pool.device->run_unfired();
+  begun.wait();
+  CHECK(error == Errc::capture_forbids_call);
+  CHECK(on_a.data() == nullptr);
+  CHECK(fake.calls(Call::vm_reserve) == 1);
+  CHECK(fake.calls(Call::malloc) == 0);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_capture_anyway(s, capture);
+  // Once the capture is over, the same request grows in a segment.
+  auto after = Bytes::alloc_async(*pool, 8 * MiB, a);
+  CHECK(fake.calls(Call::malloc) == 1);
+}
