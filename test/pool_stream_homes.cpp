@@ -292,3 +292,53 @@ TEST_CASE("streams that need each other's memory at once do not move it between 
   // owner's address until 2026-12-05: 259-404 with homes, from run to run.)
   CHECK(creates <= (count > homes && homes != 0 ? 200u : 400u));
 }
+
+// A stream with a home steps over the clean ranges kept for other streams' homes in its search
+// (LargeTier::best_fit): all of one home's of one size at once, and at most 64 such groups, past
+// which it grows in its own home rather than walking on. Its growth takes the memory it mapped
+// there, however many ranges a search would step over to reach it.
+TEST_CASE("a stream with a home steps over the clean ranges kept for another stream, 64 sizes at "
+          "most") {
+  const int sizes = GENERATE(64, 65);
+  CAPTURE(sizes);
+  auto options = home_options(4);
+  options.large_rounding = 4 * KiB;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  cudaStream_t c = fake.create_stream();
+  auto keep_a = Bytes::alloc_async(*pool, 2 * MiB, a);  // a's home, full
+  // b's home: free ranges of `sizes` sizes from 1 MiB up (all below a granule), two of each,
+  // between ranges in use.
+  std::vector<Bytes> on_b;
+  for (int i = 0; i < sizes; ++i) {
+    for (int copy = 0; copy < 2; ++copy) {
+      const std::size_t size = MiB + static_cast<std::size_t>(i) * 4 * KiB;
+      on_b.push_back(Bytes::alloc_async(*pool, size, b));  // freed below
+      write_on(fake, b, on_b.back());
+      on_b.push_back(Bytes::alloc_async(*pool, 512 * KiB, b));  // kept
+      write_on(fake, b, on_b.back());
+    }
+  }
+  for (std::size_t i = 0; i < on_b.size(); i += 2) on_b[i].reset();
+  auto x = Bytes::alloc_async(*pool, 16 * MiB, c);  // c's home, larger than every range of b's
+  std::byte* const c_range = x.data();
+  write_on(fake, c, x);
+  x.reset();
+  pool->release_stream(c);  // its home, and the range x leaves there, are open to all
+  fake.complete_all();      // every free range is clean
+  const auto maps = fake.calls(Call::vm_map);
+  auto on_a = Bytes::alloc_async(*pool, 1 * MiB, a);
+  if (sizes <= 64) {
+    CHECK(on_a.data() == c_range);
+    CHECK(fake.calls(Call::vm_map) == maps);
+  } else {
+    // One granule mapped in a's home, and taken, though it comes after all of b's ranges.
+    CHECK(same_reservation(on_a.data(), keep_a.data(), device_memory(fake)));
+    CHECK(fake.calls(Call::vm_map) == maps + 1);
+  }
+  write_on(fake, a, on_a);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}

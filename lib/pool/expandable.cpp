@@ -184,7 +184,7 @@ bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Leftover& left,
   return true;
 }
 
-void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept {
+Block* LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept {
   Segment& segment = *hole->segment;
   std::size_t bytes = 0;
   for (const Mapping& m : mappings) {
@@ -219,6 +219,7 @@ void LargeTier::fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) n
     absorb_next(range);
   }
   index(range);
+  return range;
 }
 
 void LargeTier::split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept {
@@ -356,15 +357,25 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
       std::lock_guard<CountedMutex> lock(mutex_);
       // Where the addresses of a chunk whose calls failed begin: what fill() leaves a hole.
       Block* const unfilled = mappings.empty() ? plan.hole : rest;
+      Block* made = nullptr;  // what was mapped stays, also after a failure
       if (mappings.empty()) delete_block(rest);
-      else fill(plan.hole, mappings, rest);  // what was mapped stays, also after a failure
+      else made = fill(plan.hole, mappings, rest);
       keep_leftover(unfilled, left);
       // Under the same lock: no other thread's request can take what this growth mapped (under
       // churn on the H200, threads that looked again after unlocking lost it to each other and
-      // retried through the out-of-memory ladder).
-      // Where s's requests would not look (a home of another's, when s's own had no hole for
-      // it), this one looks anyway: it mapped there for s.
-      if (mapped) range = find_locked(s, rounded, had, /*anywhere=*/grown_in != home_of(s));
+      // retried through the out-of-memory ladder). The range it made, where it holds the
+      // request: a search might give up before reaching it (best_fit's foreign_scan). Else (s's
+      // own range before it is what it extended) a search; where s's requests would not look (a
+      // home of another's, when s's own had no hole for it), this one looks anyway: it mapped
+      // there for s.
+      STREAMPOOL_ASSERT(!mapped || made != nullptr);
+      if (mapped && made->size >= rounded) {
+        unindex(made);
+        if (had != nullptr) *had = made->need;
+        range = cut(made, rounded);
+      } else if (mapped) {
+        range = find_locked(s, rounded, had, /*anywhere=*/grown_in != home_of(s));
+      }
     }
     if (!mappings.empty() && grew != nullptr) *grew = true;
     if (!mapped) return nullptr;

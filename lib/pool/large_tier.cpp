@@ -9,8 +9,8 @@
 namespace streampool::detail {
 namespace {
 constexpr int waitable_scan = 64;  // cross_stream_wait: other streams' ranges examined
-// Clean ranges in other streams' homes that best_fit steps over before it gives up and lets the
-// request grow in its own.
+// Groups of clean ranges kept for other streams' homes (those of one home and one size, stepped
+// over at once) that best_fit steps over before it gives up and lets the request grow in its own.
 constexpr int foreign_scan = 64;
 // Ranges best_fit looks at past a range before a hole for another of its segment (the clean
 // ranges it steps over in other streams' homes not counted).
@@ -231,15 +231,23 @@ Block* LargeTier::best_fit(StreamState* s, std::size_t bytes, bool anywhere) noe
   // A stream with a home takes no clean range from another's: its own memory grows instead, and
   // the other stream's stays where it frees it for itself (docs/design.md, "A reservation per
   // stream for large growths").
+  // A home's ranges of one size lie together in clean_ (a segment's addresses are contiguous), so
+  // all of those kept for another stream are stepped over at once: one stream that freed many
+  // ranges costs a step per size, not per range.
   const bool homed = !anywhere && home_of(s) != nullptr;
   int stepped = 0;
   const auto next_clean = [&]() -> Block* {
-    for (; clean != clean_.end(); ++clean) {
-      if (!homed || !kept_for_other(*(*clean)->segment, s)) return *clean;
-      if (++stepped == foreign_scan) {
+    while (clean != clean_.end()) {
+      const Block* r = *clean;
+      if (!homed || !kept_for_other(*r->segment, s)) return *clean;
+      if (stepped++ == foreign_scan) {
         clean = clean_.end();
         break;
       }
+      Block past;  // the first range of r's size after r's segment, or the next size
+      past.size = r->size;
+      past.ptr = r->segment->base + r->segment->size;
+      clean = clean_.lower_bound(&past);
     }
     return nullptr;
   };

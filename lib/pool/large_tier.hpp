@@ -280,8 +280,9 @@ class LargeTier {
   // Maps plan.bytes in chunks; those mapped before a failure are kept in `out`, and what the
   // failed chunk left in `left`. [growth_mutex_]
   bool map(const Plan& plan, std::vector<Mapping>& out, Leftover& left, Failure& error) noexcept;
-  // The hole's first bytes, now mapped, become a clean free range. [growth_mutex_, mutex_]
-  void fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
+  // The hole's first bytes, now mapped, become a clean free range, merged with its clean
+  // neighbours and indexed; returns it. [growth_mutex_, mutex_]
+  Block* fill(Block* hole, std::vector<Mapping>& mappings, Block* rest) noexcept;
   // Keeps what a failed chunk left: an unreleased handle counted reserved until a trim releases
   // it; a stuck mapping as a range in use by nobody at the start of `hole` (the rest stays a
   // hole), counted reserved, unmapped again only at the pool's destruction. [growth_mutex_, mutex_]
