@@ -15,26 +15,6 @@
 
 namespace streampool::detail {
 
-Block* PoolCore::take_shelved(StreamState& s, std::size_t bytes) noexcept {
-  if (s.shelf.empty() || bytes > (std::size_t{1} << 50)) return nullptr;
-  const std::size_t rounding = options_.large_rounding;  // a power of two (validate())
-  const std::size_t rounded = (bytes + rounding - 1) & ~(rounding - 1);
-  Block* best = nullptr;
-  for (Block* b = s.shelf.head; b != nullptr; b = b->next) {
-    // Of the request's size alone: a larger range would be held whole by the smaller buffer,
-    // where the arena would cut it. (Allowing 1/8 or 1/32 more gained nothing in the fake
-    // replays of the traces and embedded workloads, and one of them held a segment more.)
-    if (b->size == rounded) {
-      best = b;
-      break;
-    }
-  }
-  if (best == nullptr) return nullptr;
-  s.shelf.remove(best);
-  s.shelved.store(static_cast<std::uint32_t>(s.shelf.count), std::memory_order_relaxed);
-  return best;
-}
-
 Block* PoolCore::shelf_overflow(StreamState& s) noexcept {
   Block* oldest = nullptr;
   if (s.shelf.count > options_.large_shelf) {
