@@ -1004,6 +1004,47 @@ TEST_CASE("a growth gets its memory when the range before the hole is taken whil
   }
 }
 
+// After such a loss the growth maps the whole request in a hole of its own (LargeTier::grow_mapped,
+// `lost`), so that it cannot lose the same way again; where no hole holds the whole request, it
+// extends what it mapped rather than reserving addresses anew.
+TEST_CASE("a growth that lost the range before the hole, where no hole holds its whole request, "
+          "extends what it mapped") {
+  auto options = vm_options();
+  options.stream_homes = 0;  // one reservation, as large as the device's memory
+  FakeDevice::Options device;
+  device.capacity = 64 * MiB;
+  HookedPool pool(options, device);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  cudaStream_t b = fake.create_stream();
+  auto low = Bytes::alloc_async(*pool, 52 * MiB, a);
+  auto before_hole = Bytes::alloc_async(*pool, 4 * MiB, b);
+  std::byte* const range = before_hole.data();
+  REQUIRE(range == low.data() + 52 * MiB);
+  write_on(fake, b, before_hole);
+  before_hole.reset();
+  fake.complete_all();  // [52, 56) MiB is clean; the hole is [56, 64)
+  // The growth plans to map 4 MiB after the clean 4 MiB; b takes those 4 MiB meanwhile.
+  Bytes taken;
+  pool.device->before_next(Call::vm_map, [&] { taken = Bytes::alloc_async(*pool, 4 * MiB, b); });
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 7 * MiB, a, error);
+  pool.device->run_unfired();
+  REQUIRE(!error);
+  CHECK(taken.data() == range);
+  // The 4 MiB hole left cannot hold 7 MiB alone: the growth mapped it after its first 4 MiB.
+  CHECK(grown.data() == range + 4 * MiB);
+  CHECK(fake.calls(Call::vm_reserve) == 1);
+  CHECK(fake.calls(Call::vm_map) == 4);
+  CHECK(fake.calls(Call::vm_unmap) == 0);
+  CHECK(pool->stats().oom_retries == 0);
+  CHECK(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(64 * MiB));
+  write_on(fake, a, grown);
+  write_on(fake, b, taken);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
+}
+
 TEST_CASE("nvtx_memory keeps cudaMalloc's segments: its layer registers those with "
           "compute-sanitizer") {
   auto options = vm_options();
