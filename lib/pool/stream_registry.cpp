@@ -99,13 +99,6 @@ StreamRegistry::Found StreamRegistry::lookup(cudaStream_t stream, std::uint64_t 
   return found;
 }
 
-StreamState* StreamRegistry::by_handle(cudaStream_t stream) noexcept {
-  if (!explicit_stream(stream)) return nullptr;
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = by_handle_.find(stream);
-  return it != by_handle_.end() ? it->second : nullptr;
-}
-
 StreamState* StreamRegistry::handle_state(cudaStream_t stream, Failure& error) noexcept {
   if (!explicit_stream(stream)) return nullptr;
   try {

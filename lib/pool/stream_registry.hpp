@@ -94,8 +94,6 @@ class StreamRegistry {
     if (gate_engaged()) return {};
     return cached(reinterpret_cast<std::uintptr_t>(stream));
   }
-  // The state registered for an explicit stream's handle, without a device call; null if none.
-  StreamState* by_handle(cudaStream_t stream) noexcept;
   // For an explicit stream whose id cannot be asked now (one the gate's work holds: gate.hpp):
   // the state registered for its handle, or where there is none (never seen, released, or
   // retired as idle) a new one registered by the handle alone, under an id no stream has. The
