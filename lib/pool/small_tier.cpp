@@ -271,13 +271,6 @@ void SmallTier::return_free_slabs() noexcept {
   pool_.large().put_clean(ranges);
 }
 
-std::size_t SmallTier::depot_blocks() noexcept {
-  std::lock_guard<std::mutex> lock(depot_mutex_);
-  std::size_t n = 0;
-  for (const BlockList& list : depot_) n += list.count;
-  return n;
-}
-
 std::size_t SmallTier::depot_bytes() noexcept {
   std::lock_guard<std::mutex> lock(depot_mutex_);
   std::size_t n = 0;

@@ -46,7 +46,6 @@ class SmallTier {
   // Slabs whose every block is in the depot go back to the arena.
   void return_free_slabs() noexcept;
 
-  std::size_t depot_blocks() noexcept;
   std::size_t depot_bytes() noexcept;
   std::size_t slab_bytes() noexcept;
   bool consistent() noexcept;  // STREAMPOOL_EXPENSIVE_ASSERT
