@@ -102,6 +102,26 @@ TEST_CASE("DevicePools: one pool per device, made once, on its own device") {
   }
 }
 
+TEST_CASE("DevicePools: a hook that makes no pool is an error, not a null pool") {
+  int asked = 0;
+  DevicePools pools{DevicePools::Hooks{[&](int) -> std::shared_ptr<MemoryPool> {
+                                         ++asked;
+                                         return nullptr;
+                                       },
+                                       [] { return 0; }}};
+  CHECK_THROWS_MATCHES(pools.pool(0), streampool::Error,
+                       Catch::Matchers::Predicate<streampool::Error>(
+                           [](const streampool::Error& e) {
+                             return e.errc() == Errc::no_device &&
+                                    std::string(e.what()).find("no pool was made for device 0") !=
+                                        std::string::npos;
+                           },
+                           "Errc::no_device, naming the device"));
+  CHECK(pools.find(0) == nullptr);
+  CHECK_THROWS_AS(pools.current(), streampool::Error);
+  CHECK(asked == 2);  // asked again at each lookup
+}
+
 TEST_CASE("DevicePools: a user's pool installed for a device") {
   TwoFakeGpus gpus;
   auto mine = std::make_shared<MemoryPool>(gpus.fakes[1], test_options());
