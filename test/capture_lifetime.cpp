@@ -556,6 +556,51 @@ TEST_CASE("a CapturedGraph launched into a capture with no CapturePool of its Me
   fake.graph_destroy(ended);
 }
 
+// Found in review, 2026-12-07: a graph's buffers allocated and dropped in its capture leave free
+// memory that later captures of its CapturePool reuse (its graphs replay one after another).
+// Launched into such a later capture, the graph's replay wrote that memory while the capture's
+// own buffer, allocated there before the launch and used after it, lay in it.
+TEST_CASE("a CapturedGraph launched into a capture of its own CapturePool throws capture_mismatch, "
+          "and launches nothing") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  CompleteReleasesAtExit at_exit;
+  auto capture_pool = std::make_shared<CapturePool>(*pool);
+  capture_pool->reserve(MiB);
+  streampool::begin_capture_with_pool(capture_pool, s);
+  const std::byte* temporary = nullptr;
+  {
+    auto t = Bytes::alloc_async(*pool, 4 * KiB, s);
+    temporary = t.data();
+    fake.launch(s, {{t.data(), t.byte_size(), true}}, {}, "the graph writes its temporary");
+  }
+  CapturedGraph graph = streampool::end_capture_with_pool(s, capture_pool);
+
+  streampool::begin_capture_with_pool(capture_pool, s);
+  {
+    auto x = Bytes::alloc_async(*pool, 4 * KiB, s);
+    CHECK(x.data() == temporary);  // the graph's freed memory, reused: why the launch is refused
+    fake.launch(s, {{x.data(), x.byte_size(), true}}, {}, "the outer graph writes x");
+    try {
+      graph.launch(s);
+      FAIL("launched");
+    } catch (const streampool::Error& e) {
+      CHECK(e.errc() == streampool::Errc::capture_mismatch);
+    }
+    fake.launch(s, {{x.data(), x.byte_size(), false}}, {}, "the outer graph reads x");
+  }
+  CHECK(fake_test::capture_status(fake, s) == streampool::CaptureStatus::active);
+  CapturedGraph outer = streampool::end_capture_with_pool(s, capture_pool);
+  CHECK(graph.replay_count() == 0);
+  outer.launch(s);
+  graph.launch(s);  // outside a capture, in stream order after the outer graph: as ever
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  CHECK(graph.replay_count() == 1);
+}
+
 // The pools a capture's CapturePool keeps for the graphs launched into it go when it goes, at the
 // latest when their MemoryPool goes: a release that queues another (the outer CapturePool lets go
 // of the inner one) is completed in the same round.

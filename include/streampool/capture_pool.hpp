@@ -158,8 +158,12 @@ class STREAMPOOL_API CapturedGraph {
   // being captured), the capture must be bound to a CapturePool of the same MemoryPool
   // (begin_capture_with_pool or attach_capture_with_pool): that CapturePool keeps this graph's
   // pool alive for as long as it lives itself. Otherwise throws Error(capture_without_pool) and
-  // launches nothing. (Two pools each launched into the other's capture keep each other, and
-  // their MemoryPool's memory, for good: don't.)
+  // launches nothing. The graph then shares its CapturePool's memory with the graph being
+  // captured: replay that one in stream order with the graphs of this graph's CapturePool too.
+  // Into a capture of its own CapturePool, which would hand this graph's memory to buffers live
+  // across the launch, throws Error(capture_mismatch) and launches nothing. (Two pools each
+  // launched into the other's capture keep each other, and their MemoryPool's memory, for good:
+  // don't.)
   void launch(cudaStream_t stream);
   // Prepares the graph for launch on `stream` ahead of time. Throws Error as launch does
   // (naming cudaGraphUpload).

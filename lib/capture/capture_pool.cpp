@@ -526,7 +526,16 @@ void CapturedGraph::launch(cudaStream_t stream) {
         detail::CaptureBinding* binding;
         ~Unref() { binding->unref(); }
       } referenced{outer};
-      if (outer != &pool_->binding()) outer->keep_alive(pool_);
+      // Not into a capture of its own CapturePool: that capture hands out the memory this
+      // graph's own buffers freed in its capture (graphs of one pool run one after another), so
+      // a buffer live across the launch could be the memory the replay writes (found in review,
+      // 2026-12-07).
+      if (outer == &pool_->binding()) {
+        throw Error(Errc::capture_mismatch,
+                    "CapturedGraph::launch: into a capture of its own CapturePool, whose buffers "
+                    "may lie in this graph's memory; capture with another CapturePool");
+      }
+      outer->keep_alive(pool_);
     }
   }
   throw_on_cuda_error(device_->graph_launch(exec_, stream),
