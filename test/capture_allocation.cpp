@@ -536,6 +536,126 @@ TEST_CASE("a private buffer freed through the raw API goes back to its CapturePo
   CHECK(fake->live_bytes() == 0);
 }
 
+// Found in review, 2026-12-07: a buffer of CapturePool B's private memory (allocated in B's
+// capture and kept), used in capture A and dropped there (record_stream naming A's stream, or a
+// raw free on it), went back to B, since a private piece always went to its own pool. A's graph
+// uses it: once B and its graphs were gone, B's memory went back to the shared cache, and the
+// cache handed it out while A's graph still replayed. A adopts it now, as a shared buffer, and
+// gives it back to B only when A goes.
+TEST_CASE("another CapturePool's private buffer dropped during a capture is kept for that "
+          "capture's graph") {
+  const int how = GENERATE(0, 1);  // record_stream and a drop on its own stream; a raw free
+  CAPTURE(how);
+  struct CompleteAtExit {
+    ~CompleteAtExit() { streampool::complete_graph_releases(); }
+  };
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    streampool::MemoryPool pool(fake, test_options());
+    cudaStream_t a = fake->create_stream("a");
+    cudaStream_t b = fake->create_stream("b");
+    cudaStream_t other = fake->create_stream("other");
+    CompleteAtExit at_exit;
+    auto B = std::make_shared<CapturePool>(pool);
+    B->reserve(MiB);
+    streampool::begin_capture_with_pool(B, b);
+    Bytes x;
+    void* p = nullptr;
+    if (how == 0) {
+      x = Bytes::alloc_async(pool, 4096, b);
+      p = x.data();
+    } else {
+      p = pool.allocate(4096, b);
+    }
+    fake->launch(b, {{p, 4096, true}}, {}, "graph B writes x");
+    CapturedGraph graph_b = streampool::end_capture_with_pool(b, B);
+
+    auto A = std::make_shared<CapturePool>(pool);
+    streampool::begin_capture_with_pool(A, a);
+    fake->launch(a, {{p, 4096, false}}, {}, "graph A reads x");
+    if (how == 0) {
+      x.record_stream(a);
+      x.reset();
+    } else {
+      pool.deallocate(p, 4096, a);
+    }
+    CapturedGraph graph_a = streampool::end_capture_with_pool(a, A);
+    CHECK(capture_status(*fake, a) == CaptureStatus::none);
+    A.reset();
+    graph_b = CapturedGraph();
+    B.reset();  // B and its graph gone: B's memory goes back to the shared cache, but not x's
+    streampool::complete_graph_releases();
+    fake->complete_all();
+    pool.trim();
+    {
+      auto y = Bytes::alloc_async(pool, 4096, other);
+      CHECK(static_cast<void*>(y.data()) != p);
+      fake->launch(other, {{y.data(), y.byte_size(), true}}, {}, "ordinary work");
+    }
+    graph_a.launch(a);  // A's graph still reads x's memory
+    fake->complete_all();
+    INFO(first_hazard(*fake));
+    CHECK(fake->hazards().empty());
+    graph_a = CapturedGraph();  // the last of A: x goes back to B, and B's memory to the pool
+    streampool::complete_graph_releases();
+    fake->complete_all();
+    CHECK(pool.stats().live_allocations.current == 0);
+  }
+  CHECK(fake->live_bytes() == 0);
+}
+
+// Two CapturePools each holding a buffer of the other's private memory for their graphs: each
+// gives the other's back when it goes (its CapturePool and graphs gone), not when its binding
+// goes (which its own buffer, held by the other, would put off for good: found by the model
+// check, seed 232, in the first version of the fix above).
+TEST_CASE("two CapturePools that each keep a buffer of the other's for their graphs leak nothing") {
+  struct CompleteAtExit {
+    ~CompleteAtExit() { streampool::complete_graph_releases(); }
+  };
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    streampool::MemoryPool pool(fake, test_options());
+    cudaStream_t a = fake->create_stream("a");
+    cudaStream_t b = fake->create_stream("b");
+    CompleteAtExit at_exit;
+    auto A = std::make_shared<CapturePool>(pool);
+    auto B = std::make_shared<CapturePool>(pool);
+    A->reserve(MiB);
+    B->reserve(MiB);
+    streampool::begin_capture_with_pool(B, b);
+    auto of_b = Bytes::alloc_async(pool, 4096, b);
+    write_on(*fake, b, of_b);
+    CapturedGraph graph_b = streampool::end_capture_with_pool(b, B);
+    streampool::begin_capture_with_pool(A, a);
+    auto of_a = Bytes::alloc_async(pool, 4096, a);
+    write_on(*fake, a, of_a);
+    fake->launch(a, {{of_b.data(), of_b.byte_size(), false}}, {}, "graph A reads B's buffer");
+    of_b.record_stream(a);
+    of_b.reset();  // A keeps it for its graph
+    CapturedGraph graph_a = streampool::end_capture_with_pool(a, A);
+    streampool::begin_capture_with_pool(B, b);
+    fake->launch(b, {{of_a.data(), of_a.byte_size(), false}}, {}, "graph B2 reads A's buffer");
+    of_a.record_stream(b);
+    of_a.reset();  // B keeps it for its graph
+    CapturedGraph graph_b2 = streampool::end_capture_with_pool(b, B);
+    graph_b.launch(a);  // one after another: they share memory
+    graph_a.launch(a);
+    graph_b2.launch(a);
+    fake->complete_all();
+    INFO(first_hazard(*fake));
+    CHECK(fake->hazards().empty());
+    graph_a = CapturedGraph();
+    graph_b = CapturedGraph();
+    graph_b2 = CapturedGraph();
+    A.reset();
+    B.reset();
+    streampool::complete_graph_releases();
+    fake->complete_all();
+    CHECK(pool.stats().live_allocations.current == 0);
+  }
+  CHECK(fake->live_bytes() == 0);
+}
+
 // Issue 8, item 12: a buffer whose stream was released before the capture keeps the released
 // stream's state; dropped during the capture on that stream, it is not adopted (the drop looks
 // at the old state, which is not bound to the capture) and goes to the old state's list. A trim

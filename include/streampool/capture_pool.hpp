@@ -19,8 +19,9 @@
 //     or on another stream after record_stream named one of those, is adopted by the pool: the
 //     graph may use it. Not seen: another thread's per-thread stream joined to the capture; and
 //     a per-thread stream joined to it cannot allocate from the CapturePool (capture_mismatch).
-//     A buffer that the captures of several CapturePools may use is kept until all of them
-//     have gone. Only the CapturePool's own MemoryPool adopts: a buffer of another MemoryPool
+//     So is a buffer of another CapturePool's private memory dropped there: it goes back to that
+//     CapturePool once this one has gone. A buffer that the captures of several CapturePools may
+//     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a buffer of another MemoryPool
 //     that a graph uses goes back to its pool when dropped, so hand it to record_buffer instead.
 //   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
 //     capture as needed where the MemoryPool can: in every mode by mapping into the addresses

@@ -18,23 +18,13 @@ CaptureBinding::CaptureBinding(PoolCore& core) noexcept
 }
 
 CaptureBinding::~CaptureBinding() {
+  STREAMPOOL_ASSERT(holders_.load(std::memory_order_relaxed) == 0);
   // The pools of graphs launched into its captures go at the next safe point. Not here: the last
   // reference may go in a buffer's drop, or during another capture.
   for (std::shared_ptr<CapturePool>* kept : kept_) queue_release(kept);
-  // Nothing can use the memory any more but the work that used it last: every graph made with it
-  // is gone and its launches complete (CUDA releases a graph's user objects after them).
-  // What has uses nobody could list waits for a device synchronize (strand), which covers them
-  // all: each was enqueued before now.
-  for (auto& [block, needs] : adopted_) {
-    core_.announce_dropped(block, nullptr);
-    core_.count_drop(block);
-    const bool unlisted = std::any_of(needs.begin(), needs.end(), [](const Need& need) {
-      return need.timeline == never().timeline;
-    });
-    if (unlisted) core_.strand(block);
-    else core_.settle(block, needs);
-  }
-  while (Block* block = unfiled_.pop_front()) core_.strand(block);  // counted dropped by adopt
+  release_adopted();  // done by the last unhold already, unless that never came
+  // Its own memory: every graph made with it is gone, its launches complete, and every piece is
+  // dropped. What has uses nobody could list goes back stranded, until a device synchronize.
   for (Block* range : ranges_) {
     std::vector<Need> needs;
     bool listed = !lost_;  // lost_: some piece's uses are unknown, and so every range's
@@ -50,10 +40,48 @@ CaptureBinding::~CaptureBinding() {
     if (listed) core_.return_range(range, std::move(needs));
     else core_.strand_range(range);
   }
-  // Older bindings kept for blocks they adopted that this one's captures used too: they may go
-  // now (and place those blocks), with this binding's own memory placed first.
-  for (CaptureBinding* kept : kept_bindings_) kept->unref();
+  // Older bindings kept for blocks they adopted that this one's captures used too (let go by
+  // unhold already, unless it never came).
+  for (CaptureBinding* kept : kept_bindings_) {
+    kept->unhold();
+    kept->unref();
+  }
   core_.let_go();  // last: it may destroy the core
+}
+
+void CaptureBinding::release_adopted() noexcept {
+  // Nothing can use the blocks any more but the work that used them last: every graph made with
+  // the binding is gone and its launches complete (CUDA releases a graph's user objects after
+  // them; the CapturePool goes with the last of them). What has uses nobody could list waits for
+  // a device synchronize (strand), which covers them all: each was enqueued before now.
+  // Another binding's pieces go back to it, with the same needs (take_back). Here, once no
+  // holder is left, and not at the binding's end: a binding stays while any of its pieces is
+  // live, and two bindings each holding a piece of the other's would keep each other for good.
+  std::vector<std::pair<Block*, std::vector<Need>>> adopted;
+  BlockList unfiled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    adopted.swap(adopted_);
+    std::swap(unfiled, unfiled_);
+  }
+  for (auto& [block, needs] : adopted) {
+    auto* const keeper = static_cast<CaptureBinding*>(block->keeper);
+    if (keeper == nullptr) core_.announce_dropped(block, nullptr);
+    core_.count_drop(block);
+    const bool unlisted = std::any_of(needs.begin(), needs.end(), [](const Need& need) {
+      return need.timeline == never().timeline;
+    });
+    if (keeper != nullptr) keeper->take_back(block, std::move(needs), !unlisted);
+    else if (unlisted) core_.strand(block);
+    else core_.settle(block, needs);
+  }
+  while (Block* block = unfiled.pop_front()) {  // counted dropped by adopt
+    if (block->keeper != nullptr) {
+      static_cast<CaptureBinding*>(block->keeper)->take_back(block, {}, false);
+    } else {
+      core_.strand(block);
+    }
+  }
 }
 
 bool CaptureBinding::keep_binding(CaptureBinding* other) noexcept {
@@ -68,7 +96,23 @@ bool CaptureBinding::keep_binding(CaptureBinding* other) noexcept {
     return false;
   }
   other->ref();
+  other->hold();
   return true;
+}
+
+void CaptureBinding::unhold() noexcept {
+  if (holders_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // No graph made with this binding, or with one that kept it, is left.
+  release_adopted();
+  std::vector<CaptureBinding*> kept;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept.swap(kept_bindings_);
+  }
+  for (CaptureBinding* binding : kept) {
+    binding->unhold();
+    binding->unref();
+  }
 }
 
 void CaptureBinding::keep_alive(const std::shared_ptr<CapturePool>& pool) {
@@ -269,6 +313,24 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noe
   unref();
 }
 
+void CaptureBinding::take_back(Block* b, std::vector<Need> needs, bool listed) noexcept {
+  STREAMPOOL_ASSERT(b->keeper == this);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (listed) {
+      try {
+        insert_piece(b->ptr, {b->size, range_of(b->ptr), nullptr, std::move(needs)});
+      } catch (const std::bad_alloc&) {
+        lost_ = true;  // the piece is lost to reuse until the binding goes, which strands its range
+      }
+    } else {
+      lost_ = true;  // its uses could not be listed: its range goes back stranded
+    }
+  }
+  delete b;
+  unref();
+}
+
 void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcept {
   const Capture now = capture();
   std::vector<Need> needs;
@@ -295,9 +357,10 @@ void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcep
     adopted_.emplace_back(b, std::move(needs));
   } catch (const std::bad_alloc&) {
     // Cannot file it: held on a list that needs no memory until the binding goes (the graph may
-    // use it), then stranded. Counted dropped now, as a filed block is counted live no longer
-    // either (a live block would keep the core, and all its memory, for good).
-    core_.announce_dropped(b, nullptr);
+    // use it), then stranded (another binding's piece: given back with its uses unknown).
+    // Counted dropped now, as a filed block is counted live no longer either (a live block would
+    // keep the core, and all its memory, for good).
+    if (b->keeper == nullptr) core_.announce_dropped(b, nullptr);
     core_.count_drop(b);
     std::lock_guard<std::mutex> lock(mutex_);
     unfiled_.push_back(b);

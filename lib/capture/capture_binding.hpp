@@ -8,7 +8,8 @@
 // work: it keeps the needs of that use, and a capture takes it only once they are covered; its
 // range goes back to the MemoryPool with them. A shared block dropped on the captured stream
 // during the capture is adopted: kept, with the needs of its uses before the capture (a fence
-// recorded on the stream just before it began), until the binding goes.
+// recorded on the stream just before it began), until the binding goes. So is another binding's
+// piece, which then goes back to that binding (take_back) rather than to the MemoryPool.
 //
 // Owners (reference count): the CapturePool, each live piece, and the capture under way. The
 // binding keeps the MemoryPool's core alive; its last reference returns what it holds to the core.
@@ -36,6 +37,11 @@ class CaptureBinding {
   CaptureBinding& operator=(const CaptureBinding&) = delete;
 
   void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  // Holders: the CapturePool, and each binding that keeps this one (keep_binding), whose graphs
+  // may use what this one adopted. When the last lets go, no graph can use the adopted blocks
+  // any more: they go (release_adopted), and so do the bindings this one kept.
+  void hold() noexcept { holders_.fetch_add(1, std::memory_order_relaxed); }
+  void unhold() noexcept;
   // The last reference returns everything to the core and deletes the binding.
   void unref() noexcept;
 
@@ -55,8 +61,17 @@ class CaptureBinding {
   // record_stream named the captured stream for (uses[captured] is the captured stream's use),
   // or on a stream that joined the capture (captured = no_origin: no use is the captured
   // stream's), still counted live: kept until the binding goes.
+  // Another binding's private piece is adopted the same way, and given back to that binding
+  // (take_back) when this one goes.
   static constexpr std::size_t no_origin = static_cast<std::size_t>(-1);
   void adopt(Block* block, UseSpan uses, std::size_t captured = 0) noexcept;
+  // One of this binding's pieces that another binding adopted, given back with the needs of its
+  // uses (counted dropped already); `listed` false: its uses are unknown, and its range goes back
+  // stranded. Drops the piece's reference.
+  void take_back(Block* block, std::vector<Need> needs, bool listed) noexcept;
+  // Gives up the adopted blocks, each to the MemoryPool or to the binding whose piece it is: when
+  // the last holder lets go (unhold), and at the binding's end.
+  void release_adopted() noexcept;
 
   // The capture under way, if any.
   struct Capture {
@@ -115,6 +130,7 @@ class CaptureBinding {
   PoolCore& core_;
   const std::uint64_t serial_;
   std::atomic<int> refs_{1};
+  std::atomic<int> holders_{1};  // hold()
   mutable std::mutex mutex_;
   bool claimed_ = false;  // [mutex_]
   Capture capture_;       // [mutex_]

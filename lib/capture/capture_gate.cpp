@@ -109,8 +109,13 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
 }
 
 bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noexcept {
-  if (block->keeper != nullptr) {
-    static_cast<CaptureBinding*>(block->keeper)->drop_piece(block, stream, uses);
+  // A private piece goes back to its own binding (drop_piece), unless another binding's capture
+  // may use it: that one adopts it as it adopts a shared block, and gives it back to its own
+  // binding when it goes (found in review, 2026-12-07: given back at once, the piece went to the
+  // shared cache with its own binding while the other capture's graph still used it).
+  auto* const keeper = static_cast<CaptureBinding*>(block->keeper);
+  if (keeper != nullptr && !captures_under_way()) {
+    keeper->drop_piece(block, stream, uses);
     return true;
   }
   // A per-thread stream is known by its state: the drop's first use is the buffer's own stream.
@@ -154,6 +159,10 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   std::size_t count = 0;
   const auto add = [&](CaptureBinding* candidate, std::size_t captured) {
     if (candidate == nullptr) return;
+    if (candidate == keeper) {  // its own capture's use is drop_piece's to weigh
+      candidate->unref();
+      return;
+    }
     const bool known = std::any_of(found.begin(), found.begin() + count,
                                    [&](const Candidate& c) { return c.binding == candidate; });
     if (known || count == most) {
@@ -191,7 +200,8 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     }
   }
   for (std::size_t i = 0; i < count; ++i) found[i].binding->unref();
-  return adopter != nullptr;
+  if (adopter == nullptr && keeper != nullptr) keeper->drop_piece(block, stream, uses);
+  return adopter != nullptr || keeper != nullptr;
 }
 
 CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {

@@ -48,6 +48,11 @@ class CaptureGate final : public Gate {
   CaptureBinding* by_id(CaptureId id) noexcept;
   // This thread's per-thread stream's binding (referenced), or null.
   CaptureBinding* per_thread_here() noexcept;
+  // Whether any capture is bound now (a binding's capture under way).
+  bool captures_under_way() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !by_capture_.empty();
+  }
   // The binding of a capture that the drop's stream (unless !ask_stream: asked already), or a
   // stream of `uses`, joined (referenced), or null.
   CaptureBinding* joined(cudaStream_t stream, UseSpan uses, bool ask_stream = true) noexcept;

@@ -237,6 +237,7 @@ CapturePool::~CapturePool() {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)
   }
   clear_buffers();
+  binding_->unhold();  // no graph made with it is left (the binding may outlive it)
   binding_->unref();
 }
 
