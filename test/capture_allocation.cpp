@@ -783,3 +783,48 @@ TEST_CASE("a buffer recorded on the captured stream and dropped during the captu
   CHECK(fake.hazards().empty());
   fake.complete_all();
 }
+
+// Found in review, 2026-12-07, of the fix above: X's capture launched Y's graph (X kept Y's
+// CapturePool until X's binding went), and Y later adopted one of X's pieces (the piece keeps X's
+// binding; Y gives it back when Y's CapturePool goes): neither went. X lets Y's CapturePool go
+// once no graph of its own is left.
+TEST_CASE("a CapturePool that keeps a piece of one whose capture launched its graph leaks "
+          "nothing") {
+  struct CompleteAtExit {
+    ~CompleteAtExit() { streampool::complete_graph_releases(); }
+  };
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    streampool::MemoryPool pool(fake, test_options());
+    cudaStream_t xs = fake->create_stream("x");
+    cudaStream_t ys = fake->create_stream("y");
+    CompleteAtExit at_exit;
+    auto X = std::make_shared<CapturePool>(pool);
+    auto Y = std::make_shared<CapturePool>(pool);
+    X->reserve(MiB);
+    Y->reserve(MiB);
+    streampool::begin_capture_with_pool(Y, ys);
+    { auto t = Bytes::alloc_async(pool, 4096, ys); write_on(*fake, ys, t); }
+    CapturedGraph graph_y = streampool::end_capture_with_pool(ys, Y);
+    streampool::begin_capture_with_pool(X, xs);
+    graph_y.launch(xs);  // X keeps Y's CapturePool
+    auto p = Bytes::alloc_async(pool, 4096, xs);  // a piece of X
+    write_on(*fake, xs, p);
+    CapturedGraph graph_x = streampool::end_capture_with_pool(xs, X);
+    streampool::begin_capture_with_pool(Y, ys);
+    fake->launch(ys, {{p.data(), 4096, false}}, {}, "graph Y2 reads p");
+    p.record_stream(ys);
+    p.reset();  // Y adopts X's piece
+    CapturedGraph graph_y2 = streampool::end_capture_with_pool(ys, Y);
+    graph_x = CapturedGraph();
+    graph_y = CapturedGraph();
+    graph_y2 = CapturedGraph();
+    X.reset();
+    Y.reset();
+    streampool::complete_graph_releases();
+    fake->complete_all();
+    streampool::complete_graph_releases();
+    CHECK(pool.stats().live_allocations.current == 0);
+  }
+  CHECK(fake->live_bytes() == 0);
+}

@@ -561,3 +561,57 @@ TEST_CASE("a buffer two captures use is kept until both CapturePools have gone")
   wait_for(fake, kept_on, home);
   check_replay_keeps(pool, kept, kept_on, other, bytes, x_at);
 }
+
+// Found in review, 2026-12-07: a buffer dropped in capture K (on K's stream) that record_stream
+// named a stream joined to capture O for. The streams joined to captures were asked only where no
+// candidate was found, and only until the first capture: K's binding was one, and O's graph was
+// not kept. `piece`: a piece of K's own, recorded first on a stream joined to K (the first
+// capture found was K, which is left out for its own piece).
+TEST_CASE("a buffer recorded on a stream joined to another capture is kept for that capture") {
+  const bool piece = GENERATE(false, true);
+  CAPTURE(piece);
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = true;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t k = fake.create_stream("k");
+  cudaStream_t kside = fake.create_stream("kside");
+  cudaStream_t o = fake.create_stream("o");
+  cudaStream_t oside = fake.create_stream("oside");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto cpk = std::make_shared<CapturePool>(*pool);
+  auto cpo = std::make_shared<CapturePool>(*pool);
+  Bytes x;
+  if (!piece) {
+    x = Bytes::alloc_async(*pool, bytes, k);
+    write_on(fake, k, x);
+    fake.complete_all();
+  }
+  streampool::begin_capture_with_pool(cpk, k, CaptureMode::relaxed);
+  wait_for(fake, kside, k);  // kside joins K
+  if (piece) {
+    x = Bytes::alloc_async(*pool, bytes, k);
+    write_on(fake, k, x);
+  }
+  const void* x_at = x.data();
+  streampool::begin_capture_with_pool(cpo, o, CaptureMode::relaxed);
+  wait_for(fake, oside, o);  // oside joins O
+  fake.launch(k, {{x.data(), bytes, false}}, {}, "graph K reads x");
+  fake.launch(oside, {{x.data(), bytes, false}}, {}, "graph O reads x");
+  if (piece) x.record_stream(kside);
+  x.record_stream(oside);
+  x.reset();  // on k, in K's capture
+  wait_for(fake, k, kside);
+  wait_for(fake, o, oside);
+  CapturedGraph gk = streampool::end_capture_with_pool(k, cpk);
+  CapturedGraph go = streampool::end_capture_with_pool(o, cpo);
+  cpk.reset();
+  cpo.reset();
+  gk = CapturedGraph();  // K goes; O's graph still replays
+  streampool::complete_graph_releases();
+  for (cudaStream_t s : {oside, kside, o, k}) {
+    auto fenced = Bytes::alloc_async(*pool, 256, s);
+  }
+  check_replay_keeps(pool, go, o, other, bytes, x_at);
+}

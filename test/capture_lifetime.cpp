@@ -627,11 +627,13 @@ TEST_CASE("a CapturePool kept for a graph launched into another capture goes wit
 }
 
 // Found in review (2026-12-06): the binding that keeps a launched graph's CapturePool dropped it in
-// its own destructor, wherever its last reference went - here the drop of a private piece that
-// outlived its CapturePool, made while another capture (global mode) is under way. The kept pool's
-// registered owner was destroyed there, and its cudaFree, which a global capture forbids, was
-// refused and invalidated that capture. A release is completed at a safe point, never while a
-// capture is under way (capture_pool.hpp).
+// its own destructor, wherever its last reference went - there the drop of a private piece that
+// outlived its CapturePool, made while another capture (global mode) was under way. The kept
+// pool's registered owner was destroyed there, and its cudaFree, which a global capture forbids,
+// was refused and invalidated that capture. A release is completed at a safe point, never while a
+// capture is under way (capture_pool.hpp). Since 2026-12-07 the kept pool goes once the keeping
+// CapturePool has gone (with it every graph that could launch the kept one), however long its
+// binding stays: here the keeping CapturePool's last handle goes during the other capture.
 TEST_CASE("a CapturePool kept by another capture's binding is released at a safe point, not "
           "during a capture") {
   PoolOnFake pool;
@@ -664,28 +666,30 @@ TEST_CASE("a CapturePool kept by another capture's binding is released at a safe
     inner.emplace(capture_one(pool, inner_pool, s));
   }
   std::optional<Bytes> outlives;  // private memory of the outer pool, kept past its graph
+  auto outer_pool = std::make_shared<CapturePool>(*pool);
+  outer_pool->reserve(MiB);
   {
-    auto outer_pool = std::make_shared<CapturePool>(*pool);
-    outer_pool->reserve(MiB);
     streampool::begin_capture_with_pool(outer_pool, t);
     inner->launch(t);  // the outer pool's binding keeps the inner pool
     outlives.emplace(Bytes::alloc_async(*pool, 4 * KiB, t));
     CapturedGraph outer = streampool::end_capture_with_pool(t, outer_pool);
   }
   inner.reset();
-  streampool::complete_graph_releases();  // both CapturePools go; the outer binding stays
+  streampool::complete_graph_releases();  // the outer graph goes; the outer CapturePool stays
   REQUIRE(freed.empty());                 // the inner pool is kept by the outer binding
 
   auto third = std::make_shared<CapturePool>(*pool);
   third->reserve(MiB);
   streampool::begin_capture_with_pool(third, u, streampool::CaptureMode::global);
-  outlives.reset();  // the outer binding's last reference, during the third capture
+  outer_pool.reset();  // the outer CapturePool goes during the third capture
   CHECK(freed.empty());  // not released during the capture
   pool.fake().launch(u);
   std::optional<CapturedGraph> graph;
   CHECK_NOTHROW(graph.emplace(streampool::end_capture_with_pool(u, third)));
   streampool::complete_graph_releases();
-  CHECK(freed == std::vector<cudaError_t>{cudaSuccess});  // at the next safe point
+  // At the next safe point, though the outer binding stays for the piece still live.
+  CHECK(freed == std::vector<cudaError_t>{cudaSuccess});
+  outlives.reset();
   fake.complete_all();
   INFO(first_hazard(fake));
   CHECK(fake.hazards().empty());

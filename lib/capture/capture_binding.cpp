@@ -19,10 +19,8 @@ CaptureBinding::CaptureBinding(PoolCore& core) noexcept
 
 CaptureBinding::~CaptureBinding() {
   STREAMPOOL_ASSERT(holders_.load(std::memory_order_relaxed) == 0);
-  // The pools of graphs launched into its captures go at the next safe point. Not here: the last
-  // reference may go in a buffer's drop, or during another capture.
-  for (std::shared_ptr<CapturePool>* kept : kept_) queue_release(kept);
-  release_adopted();  // done by the last unhold already, unless that never came
+  release_kept_pools();  // done by the last unhold already, unless that never came
+  release_adopted();     // likewise
   // Its own memory: every graph made with it is gone, its launches complete, and every piece is
   // dropped. What has uses nobody could list goes back stranded, until a device synchronize.
   for (Block* range : ranges_) {
@@ -100,9 +98,23 @@ bool CaptureBinding::keep_binding(CaptureBinding* other) noexcept {
   return true;
 }
 
+void CaptureBinding::release_kept_pools() noexcept {
+  // The pools of graphs launched into its captures go at the next safe point. Not here: this may
+  // run in a buffer's drop, or during another capture.
+  std::vector<std::shared_ptr<CapturePool>*> kept;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept.swap(kept_);
+  }
+  for (std::shared_ptr<CapturePool>* pool : kept) queue_release(pool);
+}
+
 void CaptureBinding::unhold() noexcept {
   if (holders_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  // No graph made with this binding, or with one that kept it, is left.
+  // No graph made with this binding, or with one that kept it, is left: none can launch the
+  // graphs of the pools it keeps (else one of those, adopting a piece of this binding's, would
+  // keep it, and it them, for good: found in review, 2026-12-07), nor use what it adopted.
+  release_kept_pools();
   release_adopted();
   std::vector<CaptureBinding*> kept;
   {

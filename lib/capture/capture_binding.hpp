@@ -72,6 +72,9 @@ class CaptureBinding {
   // Gives up the adopted blocks, each to the MemoryPool or to the binding whose piece it is: when
   // the last holder lets go (unhold), and at the binding's end.
   void release_adopted() noexcept;
+  // Queues the CapturePools kept for graphs launched into its captures (keep_alive) for release
+  // at the next safe point: likewise.
+  void release_kept_pools() noexcept;
 
   // The capture under way, if any.
   struct Capture {

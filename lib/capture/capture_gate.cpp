@@ -180,7 +180,12 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     if (use == nullptr || !use->current(uses[i].generation)) continue;
     add(by_key(key_of(use->handle, use)), i);
   }
-  if (count == 0) add(joined(stream, uses, /*ask_stream=*/false), CaptureBinding::no_origin);
+  // The capture each use's stream joined, every one (joined() stops at the first it finds): asked
+  // where other captures were found too (found in review, 2026-12-07: a buffer dropped in one
+  // capture, that record_stream named a stream joined to another for, was kept for the first).
+  for (std::size_t i = 0; i < uses.size(); ++i) {
+    add(joined(stream, uses.subspan(i, 1), /*ask_stream=*/false), CaptureBinding::no_origin);
+  }
   // The oldest binding under way adopts it; each other one keeps that one until it goes itself
   // (only ever an older one: no two keep each other).
   Candidate* adopter = nullptr;
@@ -191,13 +196,15 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     }
   }
   if (adopter != nullptr) {
-    adopter->binding->adopt(block, uses, adopter->captured);
+    // The others keep the adopter before it adopts: its CapturePool may go on another thread
+    // meanwhile, and give its adopted blocks up at once (found in review, 2026-12-07).
     for (std::size_t i = 0; i < count; ++i) {
       if (&found[i] != adopter && found[i].binding->capture().active) {
         // Not kept (host out of memory): the block goes back when the adopter goes, as before.
         static_cast<void>(found[i].binding->keep_binding(adopter->binding));
       }
     }
+    adopter->binding->adopt(block, uses, adopter->captured);
   }
   for (std::size_t i = 0; i < count; ++i) found[i].binding->unref();
   if (adopter == nullptr && keeper != nullptr) keeper->drop_piece(block, stream, uses);
