@@ -86,6 +86,43 @@ TEST_CASE("a capture-status query failing after a successful begin leaves the st
   captures_again(*pool, fake, capture, s);
 }
 
+// Found in review, 2026-12-07: a begin that could not bind its capture, and whose every end CUDA
+// refused, stopped counting the capture while the stream still captured: the pool's next device
+// allocation (another stream, global mode) was refused by CUDA and invalidated it. It stays
+// prepared with the pool, as the framework route's prepare leaves it, until
+// detach_capture_with_pool after the caller ends it.
+TEST_CASE("a begin that can neither bind nor end its capture leaves it counted, for "
+          "detach_capture_with_pool",
+          "[capture][faults]") {
+  CompleteReleasesAtExit complete;
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+  pool.device->after_next(Call::begin_capture, [&] {
+    fake.fail_next(Call::capture_info, 1);
+    fake.fail_next(Call::end_capture, 1000);
+  });
+  try {
+    streampool::begin_capture_with_pool(capture, s);
+    FAIL("began a capture whose id could not be asked");
+  } catch (const Error& e) {
+    CHECK(e.cuda_error() == cudaErrorLaunchFailure);
+    CHECK_THAT(e.what(), Catch::Contains("detach_capture_with_pool"));
+  }
+  fake.fail_next(Call::end_capture, 0);
+  REQUIRE(capture_status(fake, s) == CaptureStatus::active);
+  std::error_code error;
+  CHECK(Bytes::try_alloc_async(*pool, 32 * MiB, fake.create_stream(), error).is_empty());
+  CHECK(error == Errc::capture_forbids_call);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);  // not invalidated
+  fake_test::end_and_discard(fake, s, cudaSuccess);
+  streampool::detach_capture_with_pool(capture);
+  Bytes outside = Bytes::alloc_async(*pool, 32 * MiB, fake.create_stream());
+  captures_again(*pool, fake, capture, s);
+}
+
 TEST_CASE("an end_capture that fails leaves the stream not capturing, as the header promises",
           "[capture][faults]") {
   CompleteReleasesAtExit complete;

@@ -192,7 +192,9 @@ class STREAMPOOL_API CapturedGraph {
 // Starts capturing `stream` with `pool` bound to it. Throws Error: invalid_value for a null pool,
 // capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
 // cannot begin; a capture that began but could not be bound is ended again, as
-// end_capture_with_pool ends one that fails.
+// end_capture_with_pool ends one that fails. Should CUDA refuse all four ends, the stream stays
+// capturing and prepared with `pool` (the error says so): end it, then call
+// detach_capture_with_pool(pool).
 STREAMPOOL_API void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                             cudaStream_t stream,
                                             CaptureMode mode = CaptureMode::global);

@@ -401,9 +401,22 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
                   "cudaStreamBeginCapture");
     }
   } catch (...) {
-    leave_capture(core, stream, end_attempts);
-    unprepare(binding);
-    throw;
+    if (leave_capture(core, stream, end_attempts)) {
+      unprepare(binding);
+      throw;
+    }
+    // CUDA refused every end: the stream is still capturing. It stays prepared with the pool,
+    // counted, so that nothing makes a call the capture forbids (found in review, 2026-12-07),
+    // as the framework route's prepare leaves it, until detach_capture_with_pool.
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw Error(e.errc(), e.cuda_error(),
+                  std::string(e.what()) + "; then CUDA refused to end the capture " +
+                      std::to_string(end_attempts) +
+                      " times: the stream is still capturing, prepared with the pool; end it "
+                      "(cudaStreamEndCapture), then call detach_capture_with_pool");
+    }  // anything else (out of memory) as it is
   }
 }
 
