@@ -615,3 +615,50 @@ TEST_CASE("a buffer recorded on a stream joined to another capture is kept for t
   }
   check_replay_keeps(pool, go, o, other, bytes, x_at);
 }
+
+// Found in review, 2026-12-07, of the per-use loop of 8dd8116, which asked each use as if it
+// were the buffer's home when deciding whether the drop's own stream names it. A buffer of the
+// main thread's per-thread stream, moved to thread B, recorded on B's per-thread stream, which
+// then joins capture K and reads it there; dropped on B (stream cudaStreamPerThread). The drop's
+// stream is not asked (the home is not B's), and B's per-thread use was skipped as "the drop's
+// own stream, asked already": no capture was found, and the buffer went back to the shared
+// cache while K's graph read it.
+TEST_CASE("a moved per-thread buffer recorded on a per-thread stream joined to a capture is "
+          "kept for that capture") {
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = true;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t k = fake.create_stream("k");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  { auto seen = Bytes::alloc_async(*pool, 256, other); }
+  auto x = Bytes::alloc_async(*pool, bytes, cudaStreamPerThread);  // the main thread's
+  write_on(fake, cudaStreamPerThread, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+  auto cpk = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cpk, k, CaptureMode::relaxed);
+  std::promise<void> dropped, may_fence, fenced;
+  std::thread b([&, moved = std::move(x)]() mutable {
+    moved.record_stream(cudaStreamPerThread);  // B's own, not capturing yet
+    wait_for(fake, cudaStreamPerThread, k);    // B's per-thread stream joins K
+    fake.launch(cudaStreamPerThread, {{moved.data(), bytes, false}}, {}, "graph K reads x");
+    moved.reset();  // on thread B, stream cudaStreamPerThread
+    wait_for(fake, k, cudaStreamPerThread);  // joined back
+    dropped.set_value();
+    may_fence.get_future().wait();
+    { auto f = Bytes::alloc_async(*pool, 256, cudaStreamPerThread); }  // B's next fence
+    fenced.set_value();
+  });
+  dropped.get_future().wait();
+  CapturedGraph gk = streampool::end_capture_with_pool(k, cpk);
+  cpk.reset();
+  may_fence.set_value();
+  fenced.get_future().wait();
+  b.join();
+  for (cudaStream_t s : {cudaStreamPerThread, k, other}) {
+    auto f = Bytes::alloc_async(*pool, 256, s);
+  }
+  check_replay_keeps(pool, gk, k, other, bytes, x_at);
+}

@@ -178,13 +178,23 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   for (std::size_t i = 1; i < uses.size(); ++i) {
     const StreamState* use = uses[i].state;
     if (use == nullptr || !use->current(uses[i].generation)) continue;
-    add(by_key(key_of(use->handle, use)), i);
+    CaptureBinding* bound_use = by_key(key_of(use->handle, use));
+    // Bound, but the stream no longer in the capture (the framework ended it and has not
+    // detached): ordinary work, as for the drop's stream above (found in review, 2026-12-07).
+    if (bound_use != nullptr && use->addressable() && !bound_use->captures(use->handle)) {
+      bound_use->unref();
+      bound_use = nullptr;
+    }
+    add(bound_use, i);
   }
   // The capture each use's stream joined, every one (joined() stops at the first it finds): asked
   // where other captures were found too (found in review, 2026-12-07: a buffer dropped in one
   // capture, that record_stream named a stream joined to another for, was kept for the first).
-  for (std::size_t i = 0; i < uses.size(); ++i) {
-    add(joined(stream, uses.subspan(i, 1), /*ask_stream=*/false), CaptureBinding::no_origin);
+  if (captures_under_way()) {
+    const bool named_here = names_home(stream, uses);
+    for (const RecordedStream& use : uses) {
+      add(joined_use(stream, named_here, use), CaptureBinding::no_origin);
+    }
   }
   // The oldest binding under way adopts it; each other one keeps that one until it goes itself
   // (only ever an older one: no two keep each other).
@@ -211,45 +221,51 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   return adopter != nullptr || keeper != nullptr;
 }
 
-CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {
-  {
+CaptureBinding* CaptureGate::capture_of(cudaStream_t handle) noexcept {
+  const GateStatus status = gate_status(core_.device(), handle);
+  if (status.error != cudaSuccess) {
+    // CUDA cannot tell whether the stream joined a capture: taken as joined to one under way,
+    // which then keeps the block longer than it may need (the model check, 2026-12-06: given
+    // back, the block was written by the graph's replay after another stream got it).
     std::lock_guard<std::mutex> lock(mutex_);
     if (by_capture_.empty()) return nullptr;
+    CaptureBinding* any = by_capture_.begin()->second;
+    any->ref();
+    return any;
   }
+  return status.status == CaptureStatus::active ? by_id(status.id) : nullptr;
+}
+
+bool CaptureGate::names_home(cudaStream_t stream, UseSpan uses) noexcept {
+  const StreamState* home = uses.empty() ? nullptr : uses.front().state;
+  return stream != cudaStreamPerThread ||
+         (home != nullptr && home->handle == cudaStreamPerThread && home->addressable());
+}
+
+CaptureBinding* CaptureGate::joined_use(cudaStream_t stream, bool named_here,
+                                        const RecordedStream& use) noexcept {
+  const StreamState* state = use.state;
+  if (state == nullptr || !state->current(use.generation) || !state->addressable() ||
+      (state->handle == stream && named_here)) {
+    return nullptr;
+  }
+  return capture_of(state->handle);
+}
+
+CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {
+  if (!captures_under_way()) return nullptr;
   // A stream that waited on an event recorded in a capture is part of it until the capture ends,
   // with no binding of its own: its capture status names the capture. Asked of the drop's
   // stream and of the block's uses, each only where this thread can name it: a per-thread
   // stream's handle names another stream in every other thread, so such a stream is asked only
   // from its own (another thread's per-thread stream that joined a capture is not seen here:
   // docs/design.md, "CapturePool"). Asking the status is allowed during every capture.
-  const auto of = [&](cudaStream_t handle) -> CaptureBinding* {
-    const GateStatus status = gate_status(core_.device(), handle);
-    if (status.error != cudaSuccess) {
-      // CUDA cannot tell whether the stream joined a capture: taken as joined to one under way,
-      // which then keeps the block longer than it may need (the model check, 2026-12-06: given
-      // back, the block was written by the graph's replay after another stream got it).
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (by_capture_.empty()) return nullptr;
-      CaptureBinding* any = by_capture_.begin()->second;
-      any->ref();
-      return any;
-    }
-    return status.status == CaptureStatus::active ? by_id(status.id) : nullptr;
-  };
-  const StreamState* home = uses.empty() ? nullptr : uses.front().state;
-  const bool named_here =
-      stream != cudaStreamPerThread || (home != nullptr && home->handle == cudaStreamPerThread &&
-                                        home->addressable());
+  const bool named_here = names_home(stream, uses);
   if (named_here && ask_stream) {
-    if (CaptureBinding* binding = of(stream)) return binding;
+    if (CaptureBinding* binding = capture_of(stream)) return binding;
   }
   for (const RecordedStream& use : uses) {
-    const StreamState* state = use.state;
-    if (state == nullptr || !state->current(use.generation) || !state->addressable() ||
-        (state->handle == stream && named_here)) {
-      continue;
-    }
-    if (CaptureBinding* binding = of(state->handle)) return binding;
+    if (CaptureBinding* binding = joined_use(stream, named_here, use)) return binding;
   }
   return nullptr;
 }
