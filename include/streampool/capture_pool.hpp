@@ -173,7 +173,9 @@ class STREAMPOOL_API CapturedGraph {
   bool valid() const noexcept { return exec_ != nullptr; }
   cudaGraphExec_t exec() const noexcept { return exec_; }
   // Gives up the executable graph without destroying it: the caller destroys it
-  // (cudaGraphExecDestroy). The graph itself still keeps the pool alive.
+  // (cudaGraphExecDestroy). The graph itself still keeps the pool alive, but not a graph it is
+  // launched into (cudaGraphLaunch into a capture): nothing then keeps the pool for that one, as
+  // launch() does: launch it into captures through a CapturedGraph.
   cudaGraphExec_t release() noexcept;
   const std::shared_ptr<CapturePool>& pool() const noexcept { return pool_; }
 

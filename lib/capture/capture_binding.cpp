@@ -343,8 +343,8 @@ void CaptureBinding::take_back(Block* b, std::vector<Need> needs, bool listed) n
   unref();
 }
 
-void CaptureBinding::adopt(Block* b, UseSpan uses, std::size_t captured) noexcept {
-  const Capture now = capture();
+void CaptureBinding::adopt(Block* b, UseSpan uses, const Capture& now,
+                           std::size_t captured) noexcept {
   std::vector<Need> needs;
   // The captured stream's work before the capture is covered by the fence recorded when the
   // capture began. The other uses are fenced now; a stream that joined the capture cannot be

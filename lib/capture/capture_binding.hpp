@@ -62,9 +62,12 @@ class CaptureBinding {
   // or on a stream that joined the capture (captured = no_origin: no use is the captured
   // stream's), still counted live: kept until the binding goes.
   // Another binding's private piece is adopted the same way, and given back to that binding
-  // (take_back) when this one goes.
+  // (take_back) when this one goes. `now`: the capture as the caller saw it when it chose this
+  // binding (asked again, it may have ended on another thread meanwhile, and its fence from
+  // before it began would be missed: found in review, 2026-12-07).
   static constexpr std::size_t no_origin = static_cast<std::size_t>(-1);
-  void adopt(Block* block, UseSpan uses, std::size_t captured = 0) noexcept;
+  struct Capture;
+  void adopt(Block* block, UseSpan uses, const Capture& now, std::size_t captured = 0) noexcept;
   // One of this binding's pieces that another binding adopted, given back with the needs of its
   // uses (counted dropped already); `listed` false: its uses are unknown, and its range goes back
   // stranded. Drops the piece's reference.

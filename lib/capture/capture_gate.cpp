@@ -199,10 +199,13 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // The oldest binding under way adopts it; each other one keeps that one until it goes itself
   // (only ever an older one: no two keep each other).
   Candidate* adopter = nullptr;
+  CaptureBinding::Capture under_way;  // the adopter's capture, as seen when it was chosen
   for (std::size_t i = 0; i < count; ++i) {
-    if (!found[i].binding->capture().active) continue;
+    const CaptureBinding::Capture capture = found[i].binding->capture();
+    if (!capture.active) continue;
     if (adopter == nullptr || found[i].binding->serial() < adopter->binding->serial()) {
       adopter = &found[i];
+      under_way = capture;
     }
   }
   if (adopter != nullptr) {
@@ -214,7 +217,7 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
         static_cast<void>(found[i].binding->keep_binding(adopter->binding));
       }
     }
-    adopter->binding->adopt(block, uses, adopter->captured);
+    adopter->binding->adopt(block, uses, under_way, adopter->captured);
   }
   for (std::size_t i = 0; i < count; ++i) found[i].binding->unref();
   if (adopter == nullptr && keeper != nullptr) keeper->drop_piece(block, stream, uses);
