@@ -19,8 +19,7 @@ CaptureBinding::CaptureBinding(PoolCore& core) noexcept
 
 CaptureBinding::~CaptureBinding() {
   STREAMPOOL_ASSERT(holders_.load(std::memory_order_relaxed) == 0);
-  release_kept_pools();  // done by the last unhold already, unless that never came
-  release_adopted();     // likewise
+  no_graph_left();  // done by the last unhold already, unless that never came
   // Its own memory: every graph made with it is gone, its launches complete, and every piece is
   // dropped. What has uses nobody could list goes back stranded, until a device synchronize.
   for (Block* range : ranges_) {
@@ -37,12 +36,6 @@ CaptureBinding::~CaptureBinding() {
     }
     if (listed) core_.return_range(range, std::move(needs));
     else core_.strand_range(range);
-  }
-  // Older bindings kept for blocks they adopted that this one's captures used too (let go by
-  // unhold already, unless it never came).
-  for (CaptureBinding* kept : kept_bindings_) {
-    kept->unhold();
-    kept->unref();
   }
   core_.let_go();  // last: it may destroy the core
 }
@@ -110,10 +103,14 @@ void CaptureBinding::release_kept_pools() noexcept {
 }
 
 void CaptureBinding::unhold() noexcept {
-  if (holders_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (holders_.fetch_sub(1, std::memory_order_acq_rel) == 1) no_graph_left();
+}
+
+void CaptureBinding::no_graph_left() noexcept {
   // No graph made with this binding, or with one that kept it, is left: none can launch the
   // graphs of the pools it keeps (else one of those, adopting a piece of this binding's, would
-  // keep it, and it them, for good: found in review, 2026-12-07), nor use what it adopted.
+  // keep it, and it them, for good: found in review, 2026-12-07), nor use what it adopted, nor
+  // what the older bindings it keeps adopted for its captures too.
   release_kept_pools();
   release_adopted();
   std::vector<CaptureBinding*> kept;

@@ -78,6 +78,8 @@ class CaptureBinding {
   // Queues the CapturePools kept for graphs launched into its captures (keep_alive) for release
   // at the next safe point: likewise.
   void release_kept_pools() noexcept;
+  // Both, and lets the bindings it keeps (keep_binding) go: when the last holder lets go.
+  void no_graph_left() noexcept;
 
   // The capture under way, if any.
   struct Capture {
