@@ -5,6 +5,8 @@
 
 #include <streampool/capture_pool.hpp>
 
+#include <thread>
+
 using fake_test::capture_status;
 using streampool::CaptureMode;
 using streampool::CapturePool;
@@ -87,6 +89,46 @@ TEST_CASE("prepare refuses what begin_capture_with_pool refuses, and attach need
   REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(other, s), streampool::Error);
   streampool::detach_capture_with_pool(capture);
   REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(nullptr, s), streampool::Error);
+}
+
+// Found in review, 2026-12-07: attach asked cudaStreamPerThread's status on the calling thread,
+// which names that thread's own per-thread stream. Called on another thread whose own per-thread
+// stream was capturing without a pool, it bound that capture to the pool, and the preparing
+// thread's capture, left unbound, had its allocations refused (capture_without_pool).
+TEST_CASE("attach on another thread does not bind that thread's per-thread capture") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  capture->reserve(MiB);
+  streampool::prepare_capture_with_pool(capture, cudaStreamPerThread, CaptureMode::relaxed);
+  REQUIRE(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  bool began_there = false;
+  bool attached_there = false;
+  bool ended_there = false;
+  std::thread other([&] {  // no Catch assertions on another thread: results checked below
+    began_there = fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess;
+    try {
+      attached_there = streampool::attach_capture_with_pool(capture);
+    } catch (const streampool::Error&) {
+    }
+    cudaGraph_t graph = nullptr;
+    ended_there = fake.end_capture(cudaStreamPerThread, &graph) == cudaSuccess;
+    if (graph != nullptr) fake.graph_destroy(graph);
+  });
+  other.join();
+  REQUIRE(began_there);
+  REQUIRE(ended_there);
+  CHECK_FALSE(attached_there);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  std::error_code error;
+  auto x = Bytes::try_alloc_async(*pool, 1000, cudaStreamPerThread, error);
+  CHECK(!error);
+  CHECK_FALSE(x.is_empty());  // from the CapturePool's private memory
+  x.reset();
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(cudaStreamPerThread, &graph) == cudaSuccess);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  streampool::detach_capture_with_pool(capture);
 }
 
 TEST_CASE("a capture prepared on the legacy stream is given up completely") {

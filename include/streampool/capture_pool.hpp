@@ -223,7 +223,8 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 //
 // prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
 // thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once
-// it is bound, false while `stream` is not capturing yet; it throws capture_mismatch when nothing
+// it is bound, false while `stream` is not capturing yet (and, for cudaStreamPerThread, on any
+// thread but the one that prepared it, where that handle names another stream); it throws capture_mismatch when nothing
 // was prepared or when `stream` has joined a capture that another CapturePool of the same
 // MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the status
 // cannot be asked. `stream` must be the stream the framework began the capture on: one that only

@@ -352,6 +352,12 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
   if (capture.origin == nullptr) {  // the legacy stream is a null handle: the state tells
     throw Error(Errc::capture_mismatch, "attach_capture_with_pool: no capture prepared");
   }
+  // On another thread, cudaStreamPerThread names that thread's own stream: only the preparing
+  // thread can tell whether the prepared one began (found in review, 2026-12-07: attached from
+  // another thread whose own per-thread stream was capturing, the pool bound that capture).
+  if (capture.stream == cudaStreamPerThread && capture.token != detail::this_thread_token()) {
+    return false;
+  }
   detail::PoolCore& core = binding.core();
   CaptureStatus state = CaptureStatus::none;
   CaptureId id = 0;
