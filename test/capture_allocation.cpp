@@ -66,6 +66,15 @@ struct CountedPool {
   streampool::MemoryPool pool{device, every_check()};
   cudaStream_t s = fake->create_stream();
 };
+
+// Completes the graph releases still queued when it goes out of scope, even when an assertion
+// ends the test early (see capture_lifetime.cpp).
+struct CompleteAtExit {
+  CompleteAtExit() = default;
+  CompleteAtExit(const CompleteAtExit&) = delete;
+  CompleteAtExit& operator=(const CompleteAtExit&) = delete;
+  ~CompleteAtExit() { streampool::complete_graph_releases(); }
+};
 }  // namespace
 
 TEST_CASE("a checked allocation asks the capture status alone, and the capture's id only during "
@@ -546,9 +555,6 @@ TEST_CASE("another CapturePool's private buffer dropped during a capture is kept
           "capture's graph") {
   const int how = GENERATE(0, 1);  // record_stream and a drop on its own stream; a raw free
   CAPTURE(how);
-  struct CompleteAtExit {
-    ~CompleteAtExit() { streampool::complete_graph_releases(); }
-  };
   auto fake = std::make_shared<FakeDevice>();
   {
     streampool::MemoryPool pool(fake, test_options());
@@ -609,9 +615,6 @@ TEST_CASE("another CapturePool's private buffer dropped during a capture is kept
 // goes (which its own buffer, held by the other, would put off for good: found by the model
 // check, seed 232, in the first version of the fix above).
 TEST_CASE("two CapturePools that each keep a buffer of the other's for their graphs leak nothing") {
-  struct CompleteAtExit {
-    ~CompleteAtExit() { streampool::complete_graph_releases(); }
-  };
   auto fake = std::make_shared<FakeDevice>();
   {
     streampool::MemoryPool pool(fake, test_options());
@@ -790,9 +793,6 @@ TEST_CASE("a buffer recorded on the captured stream and dropped during the captu
 // once no graph of its own is left.
 TEST_CASE("a CapturePool that keeps a piece of one whose capture launched its graph leaks "
           "nothing") {
-  struct CompleteAtExit {
-    ~CompleteAtExit() { streampool::complete_graph_releases(); }
-  };
   auto fake = std::make_shared<FakeDevice>();
   {
     streampool::MemoryPool pool(fake, test_options());
