@@ -370,9 +370,7 @@ Block* LargeTier::grow_mapped(StreamState* s, std::size_t rounded, Need* had, bo
       // there for s.
       STREAMPOOL_ASSERT(!mapped || made != nullptr);
       if (mapped && made->size >= rounded) {
-        unindex(made);
-        if (had != nullptr) *had = made->need;
-        range = cut(made, rounded);
+        range = take(made, rounded, had);
       } else if (mapped) {
         range = find_locked(s, rounded, had, /*anywhere=*/grown_in != home_of(s));
       }

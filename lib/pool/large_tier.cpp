@@ -420,9 +420,7 @@ Block* LargeTier::find_locked(StreamState* s, std::size_t rounded, Need* had,
   }
   if (range == nullptr && s != nullptr && options_.cross_stream_wait) range = waitable(*s, rounded);
   if (range == nullptr) return nullptr;
-  if (had != nullptr) *had = range->need;
-  unindex(range);
-  return cut(range, rounded);
+  return take(range, rounded, had);
 }
 
 bool LargeTier::may_map_now() const noexcept {

@@ -202,6 +202,13 @@ class LargeTier {
   // need, index) is the caller's to set. Returns `piece`.
   static Block* split_at(Block* range, Block* piece, std::byte* at) noexcept;
   Block* cut(Block* range, std::size_t bytes) noexcept;  // rest indexed as free
+  // An indexed free range taken for a request of `rounded` bytes: out of its index, its need
+  // into `had` (if given), cut. [mutex_]
+  Block* take(Block* range, std::size_t rounded, Need* had) noexcept {
+    if (had != nullptr) *had = range->need;
+    unindex(range);
+    return cut(range, rounded);
+  }
   // A free range into clean_ or owned_ (by its need). Where the index finds no host memory the
   // range stays unindexed, counted in unindexed_: lost to reuse until it merges with a neighbour
   // or its segment goes, each of which unindexes it.
