@@ -91,6 +91,35 @@ TEST_CASE("prepare refuses what begin_capture_with_pool refuses, and attach need
   REQUIRE_THROWS_AS(streampool::prepare_capture_with_pool(nullptr, s), streampool::Error);
 }
 
+// Each entry's errors name the entry the caller called (attach's and prepare's named
+// begin_capture_with_pool, which the framework route never calls).
+TEST_CASE("prepare's and attach's errors name prepare and attach") {
+  using Catch::Matchers::StartsWith;
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  REQUIRE_THROWS_WITH(streampool::prepare_capture_with_pool(nullptr, s),
+                      StartsWith("prepare_capture_with_pool: "));
+  fake.fail_next(FakeDevice::Call::capture_info);
+  REQUIRE_THROWS_WITH(streampool::prepare_capture_with_pool(capture, s),
+                      StartsWith("prepare_capture_with_pool: "));
+  streampool::prepare_capture_with_pool(capture, s);
+  REQUIRE_THROWS_WITH(streampool::prepare_capture_with_pool(capture, s),
+                      StartsWith("prepare_capture_with_pool: "));
+  fake.fail_next(FakeDevice::Call::capture_info);
+  REQUIRE_THROWS_WITH(streampool::attach_capture_with_pool(capture),
+                      StartsWith("attach_capture_with_pool: "));
+  streampool::detach_capture_with_pool(capture);
+  // begin_capture_with_pool's own errors still name it.
+  REQUIRE_THROWS_WITH(streampool::begin_capture_with_pool(nullptr, s),
+                      StartsWith("begin_capture_with_pool: "));
+  fake.fail_next(FakeDevice::Call::capture_info);
+  REQUIRE_THROWS_WITH(streampool::begin_capture_with_pool(capture, s),
+                      StartsWith("begin_capture_with_pool: "));
+  REQUIRE(capture_status(fake, s) == CaptureStatus::none);
+}
+
 // Found in review, 2026-12-07: attach asked cudaStreamPerThread's status on the calling thread,
 // which names that thread's own per-thread stream. Called on another thread whose own per-thread
 // stream was capturing without a pool, it bound that capture to the pool, and the preparing

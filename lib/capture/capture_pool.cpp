@@ -286,9 +286,13 @@ CaptureNotice::CaptureNotice(CaptureMode mode, std::thread::id thread)
 
 CaptureNotice::~CaptureNotice() { detail::note_capture_end(mode_, thread_); }
 
-void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
-                               CaptureMode mode) {
-  if (pool == nullptr) throw Error(Errc::invalid_value, "begin_capture_with_pool: no pool");
+namespace {
+
+// prepare_capture_with_pool's work, and attach_capture_with_pool's; each error names `entry`, the
+// function the caller called (begin_capture_with_pool calls both).
+void prepare(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream, CaptureMode mode,
+             const char* entry) {
+  if (pool == nullptr) throw Error(Errc::invalid_value, std::string(entry) + ": no pool");
   safe_point();
   detail::CaptureBinding& binding = pool->binding();
   detail::PoolCore& core = binding.core();
@@ -298,22 +302,22 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
   // invalidate the capture under way.
   CaptureStatus current = CaptureStatus::none;
   throw_on_cuda_error(device.capture_info(stream, &current, nullptr),
-                      "begin_capture_with_pool: cudaStreamGetCaptureInfo");
+                      std::string(entry) + ": cudaStreamGetCaptureInfo");
   if (current != CaptureStatus::none) {
     throw Error(Errc::capture_mismatch,
-                "begin_capture_with_pool: the stream is already captured (with or without a pool)");
+                std::string(entry) + ": the stream is already captured (with or without a pool)");
   }
   detail::Failure error;
   detail::GateStatus gate_status;
   const detail::StreamRegistry::Found found = core.registry().find(stream, gate_status, error);
   if (found.state == nullptr) {
     throw detail::error_of(error ? error : detail::Failure(Errc::capture_mismatch),
-                           "begin_capture_with_pool: the stream's identity");
+                           std::string(entry) + ": the stream's identity");
   }
   // Before anything is claimed: it may throw (out of memory).
   if (stream == cudaStreamPerThread) detail::watch_capturing_thread();
   if (!binding.claim()) {
-    throw Error(Errc::capture_mismatch, "begin_capture_with_pool: the pool is already capturing");
+    throw Error(Errc::capture_mismatch, std::string(entry) + ": the pool is already capturing");
   }
   const void* key = detail::CaptureGate::key_of(stream, found.state);
   bool bound = false;
@@ -326,7 +330,7 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
   if (!bound) {
     binding.unclaim();
     throw Error(Errc::capture_mismatch,
-                "begin_capture_with_pool: the stream is already captured with a pool");
+                std::string(entry) + ": the stream is already captured with a pool");
   }
   // What the stream did before the capture is fenced now: blocks the capture adopts wait for it.
   binding.learn();
@@ -344,13 +348,13 @@ void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStr
                        detail::this_thread_token()});
 }
 
-bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
-  if (pool == nullptr) throw Error(Errc::invalid_value, "attach_capture_with_pool: no pool");
+bool attach(const std::shared_ptr<CapturePool>& pool, const char* entry) {
+  if (pool == nullptr) throw Error(Errc::invalid_value, std::string(entry) + ": no pool");
   detail::CaptureBinding& binding = pool->binding();
   detail::CaptureBinding::Capture capture = binding.capture();
   if (capture.active) return true;
   if (capture.origin == nullptr) {  // the legacy stream is a null handle: the state tells
-    throw Error(Errc::capture_mismatch, "attach_capture_with_pool: no capture prepared");
+    throw Error(Errc::capture_mismatch, std::string(entry) + ": no capture prepared");
   }
   // On another thread, cudaStreamPerThread names that thread's own stream: only the preparing
   // thread can tell whether the prepared one began (found in review, 2026-12-07: attached from
@@ -362,14 +366,15 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
   CaptureStatus state = CaptureStatus::none;
   CaptureId id = 0;
   throw_on_cuda_error(core.device().capture_info(capture.stream, &state, &id),
-                      "begin_capture_with_pool: cudaStreamGetCaptureInfo");
+                      std::string(entry) + ": cudaStreamGetCaptureInfo");
   if (state == CaptureStatus::none) return false;  // not begun yet
   if (!detail::CaptureGate::of(core).bind_capture(id, &binding)) {
     // The stream joined a capture that another CapturePool of this pool has: that capture's
     // drops and allocations stay the other's (the preparation stays: detach gives it up).
     throw Error(Errc::capture_mismatch,
-                "attach_capture_with_pool: the stream is part of a capture that another "
-                "CapturePool of the same MemoryPool is bound to");
+                std::string(entry) +
+                    ": the stream is part of a capture that another CapturePool of the same "
+                    "MemoryPool is bound to");
   }
   binding.ref();  // the capture's reference
   capture.active = true;
@@ -377,6 +382,17 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
   binding.set_capture(capture);
   capture.origin->attention.fetch_or(detail::gated, std::memory_order_release);
   return true;
+}
+
+}  // namespace
+
+void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
+                               CaptureMode mode) {
+  prepare(pool, stream, mode, "prepare_capture_with_pool");
+}
+
+bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
+  return attach(pool, "attach_capture_with_pool");
 }
 
 void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept {
@@ -392,7 +408,7 @@ void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept
 
 void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream,
                              CaptureMode mode) {
-  prepare_capture_with_pool(pool, stream, mode);
+  prepare(pool, stream, mode, "begin_capture_with_pool");
   detail::CaptureBinding& binding = pool->binding();
   detail::PoolCore& core = binding.core();
   cudaError_t status = core.device().begin_capture(stream, mode);
@@ -401,7 +417,7 @@ void begin_capture_with_pool(const std::shared_ptr<CapturePool>& pool, cudaStrea
     throw Error(status, "begin_capture_with_pool: cudaStreamBeginCapture");
   }
   try {
-    if (!attach_capture_with_pool(pool)) {
+    if (!attach(pool, "begin_capture_with_pool")) {
       throw Error(Errc::capture_mismatch,
                   "begin_capture_with_pool: the stream is not capturing after "
                   "cudaStreamBeginCapture");
