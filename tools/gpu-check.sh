@@ -9,6 +9,9 @@
 #                                     MAX_IN_FLIGHT: the paced stage's bound), torch (PyTorch on
 #                                     streampool, tools/torch_check.py; TORCH_STEPS: training
 #                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50),
+#                                     torch-ddp (tools/torch_ddp.py: GPT-2 under DDP over NCCL,
+#                                     a process per GPU), two-gpu (a pool per GPU under
+#                                     concurrent use: DEVICES_SECONDS a run, 120 by default),
 #                                     ab (this tree's bench against an older tree's, AB_OLD),
 #                                     replay-ab (cold replays of the traces in .traces and the
 #                                     embedded workloads, device calls timed, against the
@@ -56,10 +59,10 @@ stage() {  # stage NAME command...: runs it, logs everything, keeps one summary 
   nproc
 } >"$log" 2>&1
 
-# The torch stage builds in a folder of its own (below): the main build leaves the PyTorch hooks
+# The torch stages build in a folder of their own (below): the main build leaves the PyTorch hooks
 # out, so that a PyTorch whose headers do not take them cannot fail the other stages.
 only_torch=1
-for s in "${stages[@]}"; do [[ $s == torch ]] || only_torch=0; done
+for s in "${stages[@]}"; do [[ $s == torch || $s == torch-ddp ]] || only_torch=0; done
 if ((!only_torch)); then
   stage configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_TORCH_HOOKS=OFF ||
@@ -228,20 +231,43 @@ if want replay-ab; then
   stage replay-ab replay_ab
 fi
 # PyTorch on streampool (docs/pytorch.md): the allocator library, its hooks (needs PyTorch's
-# C++ headers; the check runs without them if they fail to build), then tools/torch_check.py.
-if want torch; then
-  torch_build=$root/build-torch
+# C++ headers; the checks run without them if they fail to build), then tools/torch_check.py
+# (stage torch) or tools/torch_ddp.py (stage torch-ddp).
+torch_build=$root/build-torch
+torch_libs() {
   stage torch-configure cmake -S "$root" -B "$torch_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$deps" -DCMAKE_CUDA_ARCHITECTURES=90 -DSTREAMPOOL_BUILD_TESTS=OFF \
     -DSTREAMPOOL_BUILD_BENCH=OFF -DSTREAMPOOL_BUILD_EXAMPLES=OFF -DSTREAMPOOL_TORCH_HOOKS=ON &&
     stage torch-lib cmake --build "$torch_build" -j "$(nproc)" --target streampool_torch &&
     { rm -f "$torch_build"/torch/libstreampool_torch_hooks.so*  # none left if the build fails
       stage torch-hooks cmake --build "$torch_build" -j "$(nproc)" --target streampool_torch_hooks
-      true; } &&
-    stage torch-check bash -o pipefail -c \
-      'STREAMPOOL_TORCH_LIB_DIR="$2"/torch python3 "$1"/tools/torch_check.py --steps "$3" \
-         --models "$5" --json "$4"/torch-check.json | tee "$4"/torch-check.md' \
-      _ "$root" "$torch_build" "${TORCH_STEPS:-200}" "$out" "${TORCH_MODELS:-gpt2,resnet50}"
+      true; }
+}
+if want torch || want torch-ddp; then
+  torch_libs
+fi
+if want torch && [ -e "$torch_build/torch/libstreampool_torch.so" ]; then
+  stage torch-check bash -o pipefail -c \
+    'STREAMPOOL_TORCH_LIB_DIR="$2"/torch python3 "$1"/tools/torch_check.py --steps "$3" \
+       --models "$5" --json "$4"/torch-check.json | tee "$4"/torch-check.md' \
+    _ "$root" "$torch_build" "${TORCH_STEPS:-200}" "$out" "${TORCH_MODELS:-gpt2,resnet50}"
+fi
+# Issue 13's second half: GPT-2 small under DistributedDataParallel over NCCL, a process per GPU,
+# PyTorch's allocator against streampool's in each (TORCH_STEPS steps, 300 by default).
+if want torch-ddp && [ -e "$torch_build/torch/libstreampool_torch.so" ]; then
+  stage torch-ddp bash -o pipefail -c \
+    'STREAMPOOL_TORCH_LIB_DIR="$2"/torch python3 "$1"/tools/torch_ddp.py --steps "$3" \
+       --json "$4"/torch-ddp.json | tee "$4"/torch-ddp.md' \
+    _ "$root" "$torch_build" "${TORCH_STEPS:-300}" "$out"
+fi
+# Issue 13's first half: a pool per GPU under threads of every GPU at once, real kernels, the
+# caller's current device another's during each pool call, peer access off and on
+# (test/gpu/devices_concurrent_gpu.cpp), for DEVICES_SECONDS a run (120 by default); then
+# compute-sanitizer's memcheck on a short run of it.
+if want two-gpu; then
+  STREAMPOOL_GPU_SECONDS=${DEVICES_SECONDS:-120} stage devices "$gpu_tests" "[devices]"
+  STREAMPOOL_GPU_SECONDS=3 stage devices-memcheck compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$gpu_tests" "[devices]"
 fi
 if want bench && [ -x "$build/bench/streampool-bench" ]; then
   stage bench "$root/tools/bench-h200.sh" "$build/bench/streampool-bench" "$root/bench-out"
