@@ -9,6 +9,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -202,6 +204,16 @@ cudaError_t CudaDevice::free(void* ptr) noexcept {
   return on_device(ordinal_, [&] { return cudaFree(ptr); });
 }
 
+cudaError_t CudaDevice::enable_peer_access(int peer) noexcept {
+  if (peer == ordinal_) return cudaErrorInvalidDevice;
+  return on_device(peer, [&] {
+    const cudaError_t status = cudaDeviceEnablePeerAccess(ordinal_, 0);
+    if (status != cudaErrorPeerAccessAlreadyEnabled) return status;
+    cudaGetLastError();  // the runtime keeps that answer as the thread's last error: not an error here
+    return cudaSuccess;
+  });
+}
+
 cudaError_t CudaDevice::mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept {
   return on_device(ordinal_, [&] { return cudaMemGetInfo(free_bytes, total_bytes); });
 }
@@ -248,13 +260,20 @@ cudaError_t CudaDevice::vm_map(void* ptr, std::size_t bytes, VmHandle handle) no
   });
 }
 
-cudaError_t CudaDevice::vm_set_access(void* ptr, std::size_t bytes) noexcept {
+cudaError_t CudaDevice::vm_set_access(void* ptr, std::size_t bytes,
+                                      std::uint64_t devices) noexcept {
   return on_device_vm(ordinal_, vm_supported_, [&] {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = ordinal_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return driver_vm().set_access(reinterpret_cast<CUdeviceptr>(ptr), bytes, &access, 1);
+    std::array<CUmemAccessDesc, 64> access{};
+    std::size_t count = 0;
+    for (int d = 0; d < 64; ++d) {
+      if (((devices >> d) & 1u) == 0) continue;
+      access[count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access[count].location.id = d;
+      access[count].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      ++count;
+    }
+    return driver_vm().set_access(reinterpret_cast<CUdeviceptr>(ptr), bytes, access.data(),
+                                  count);
   });
 }
 

@@ -214,7 +214,7 @@ struct Allocation {
 struct VmMapping {
   std::size_t bytes = 0;
   VmHandle handle = 0;
-  bool accessible = false;
+  std::uint64_t access = 0;  // the devices whose kernels may use it (vm_set_access), bit d for d
 };
 
 struct Reservation {
@@ -404,6 +404,15 @@ struct FakeDevice::State {
   // allocation gets their addresses and a body touching freed memory faults.
   std::vector<std::pair<std::uintptr_t, std::size_t>> retired_mappings;
   AccessLog access_log;
+  // The peers that enable_peer_access let use this device's malloc memory, bit d for device d.
+  std::uint64_t peer_access_enabled = 0;
+
+  // This device, as a bit of an access mask.
+  std::uint64_t own_bit() const noexcept {
+    return options.ordinal >= 0 && options.ordinal < 64 ? std::uint64_t{1} << options.ordinal : 0;
+  }
+  // The devices whose kernels can reach this device's memory: itself and Options::peers.
+  std::uint64_t reachable_from() const noexcept { return own_bit() | options.peers; }
 
   std::map<StreamId, Stream> streams;
   std::uint64_t completions = 0;  // units completed so far
@@ -721,7 +730,7 @@ struct FakeDevice::State {
     --m;
     for (std::uintptr_t at = begin; at < end; ++m) {
       if (m == mappings.end() || m->first > at || m->first + m->second.bytes <= at ||
-          !m->second.accessible) {
+          (m->second.access & own_bit()) == 0) {
         return false;
       }
       at = m->first + m->second.bytes;
@@ -1464,6 +1473,38 @@ cudaError_t FakeDevice::free(void* ptr) noexcept {
   return cudaSuccess;
 }
 
+cudaError_t FakeDevice::enable_peer_access(int peer) noexcept {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (cudaError_t e = s.enter(Call::enable_peer_access); e != cudaSuccess) return e;
+  if (cudaError_t e = s.refuse_if_restricted(); e != cudaSuccess) return e;
+  if (peer < 0 || peer >= 64 || peer == s.options.ordinal ||
+      ((s.options.peers >> peer) & 1u) == 0) {
+    return cudaErrorInvalidDevice;
+  }
+  s.peer_access_enabled |= std::uint64_t{1} << peer;
+  return cudaSuccess;
+}
+
+bool FakeDevice::accessible_from(const void* ptr, int device) const {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (device < 0 || device >= 64) return false;
+  const std::uint64_t bit = std::uint64_t{1} << device;
+  const std::uintptr_t at = address_of(ptr);
+  auto a = s.allocations.upper_bound(at);
+  if (a != s.allocations.begin() && at < std::prev(a)->first + std::prev(a)->second.bytes) {
+    return device == s.options.ordinal || (s.peer_access_enabled & bit) != 0;
+  }
+  auto r = s.reservations.upper_bound(at);
+  if (r == s.reservations.begin()) return false;
+  --r;
+  auto m = r->second.mappings.upper_bound(at);
+  if (m == r->second.mappings.begin()) return false;
+  --m;
+  return at < m->first + m->second.bytes && (m->second.access & bit) != 0;
+}
+
 cudaError_t FakeDevice::mem_get_info(std::size_t* free_bytes, std::size_t* total_bytes) noexcept {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
@@ -1568,23 +1609,25 @@ cudaError_t FakeDevice::vm_map(void* ptr, std::size_t bytes, VmHandle handle) no
     auto previous = std::prev(next);
     if (previous->first + previous->second.bytes > begin) return cudaErrorInvalidValue;
   }
-  mappings.emplace(begin, VmMapping{bytes, handle, false});
+  mappings.emplace(begin, VmMapping{bytes, handle, 0});
   ++memory->second.mappings;
   return cudaSuccess;
 }
 
-cudaError_t FakeDevice::vm_set_access(void* ptr, std::size_t bytes) noexcept {
+cudaError_t FakeDevice::vm_set_access(void* ptr, std::size_t bytes,
+                                      std::uint64_t devices) noexcept {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter_vm(Call::vm_set_access); e != cudaSuccess) return e;
   const std::uintptr_t begin = address_of(ptr);
   const auto range = s.whole_mappings(begin, begin + bytes);
   if (!range) return cudaErrorInvalidValue;
-  if (s.options.host_backed &&
+  if ((devices & ~s.reachable_from()) != 0) return cudaErrorInvalidDevice;
+  if (s.own_bit() & devices && s.options.host_backed &&
       ::mprotect(ptr, bytes, PROT_READ | PROT_WRITE) != 0) {
     return cudaErrorMemoryAllocation;
   }
-  for (auto m = range->first; m != range->second; ++m) m->second.accessible = true;
+  for (auto m = range->first; m != range->second; ++m) m->second.access |= devices;
   return cudaSuccess;
 }
 

@@ -194,8 +194,8 @@ TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, rel
   SECTION("mappings side by side, each made accessible, then unmapped and released") {
     REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
     REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);
-    REQUIRE(device.vm_set_access(at, granule) == cudaSuccess);
-    REQUIRE(device.vm_set_access(at + granule, 2 * granule) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at, granule, device.own_access()) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at + granule, 2 * granule, device.own_access()) == cudaSuccess);
     REQUIRE(device.vm_unmap(at + granule, 2 * granule) == cudaSuccess);
     REQUIRE(device.vm_unmap(at, granule) == cudaSuccess);
     REQUIRE(device.vm_release(one) == cudaSuccess);
@@ -208,8 +208,13 @@ TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, rel
     REQUIRE(device.vm_map(at, granule, one) == cudaSuccess);
     REQUIRE(device.vm_map(at, 2 * granule, two) == cudaErrorInvalidValue);  // over a mapping
     REQUIRE(device.vm_map(at + granule, 2 * granule, two) == cudaSuccess);
-    REQUIRE(device.vm_set_access(at, 3 * granule) == cudaSuccess);  // two mappings at once
-    REQUIRE(device.vm_set_access(at, 4 * granule) == cudaErrorInvalidValue);  // past them
+    // Two mappings at once; not past them.
+    REQUIRE(device.vm_set_access(at, 3 * granule, device.own_access()) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at, 4 * granule, device.own_access()) == cudaErrorInvalidValue);
+    // A device that does not exist (tools/gpu-check.sh probes print what the GPU answers).
+    CHECK(device.vm_set_access(at, granule, device.own_access() | (std::uint64_t{1} << 63)) !=
+          cudaSuccess);
+    cudaGetLastError();
     REQUIRE(device.vm_unmap(at + granule, granule) == cudaErrorInvalidValue);  // part of one
     REQUIRE(device.vm_unreserve(base, 8 * granule) == cudaErrorInvalidValue);  // mappings in it
     // Released while mapped: the memory stays until the unmap.
@@ -218,6 +223,20 @@ TEMPLATE_TEST_CASE("virtual memory: reserve, create, map, set access, unmap, rel
     REQUIRE(device.vm_unmap(at, 3 * granule) == cudaSuccess);  // two mappings at once
   }
   REQUIRE(device.vm_unreserve(base, 8 * granule) == cudaSuccess);
+}
+
+TEMPLATE_TEST_CASE("peer access to a device's own memory, or from one that does not exist, is "
+                   "refused",
+                   "[contract]", STREAMPOOL_CONTRACT_HARNESSES) {
+  TestType h;
+  auto& device = h.device();
+  CHECK(device.enable_peer_access(device.ordinal()) == cudaErrorInvalidDevice);
+  CHECK(device.enable_peer_access(63) == cudaErrorInvalidDevice);
+  cudaGetLastError();
+  // Refusals that leave the device as it was: memory is still there to take.
+  void* p = nullptr;
+  REQUIRE(device.malloc(&p, 1 << 20) == cudaSuccess);
+  REQUIRE(device.free(p) == cudaSuccess);
 }
 
 TEMPLATE_TEST_CASE("virtual memory beyond what the device has fails with "
@@ -252,7 +271,7 @@ TEMPLATE_TEST_CASE("the virtual memory calls are allowed during a capture of eve
       streampool::VmHandle handle = 0;
       const cudaError_t created = device.vm_create(&handle, granule);
       const cudaError_t mapped = device.vm_map(base, granule, handle);
-      const cudaError_t accessible = device.vm_set_access(base, granule);
+      const cudaError_t accessible = device.vm_set_access(base, granule, device.own_access());
       const cudaError_t unmapped = device.vm_unmap(base, granule);
       const cudaError_t released = device.vm_release(handle);
       cudaError_t other_thread = cudaErrorUnknown;

@@ -12,7 +12,11 @@ void no_op(void*) {}
 
 // One of everything a seam call may name, all valid.
 struct CallFixture {
-  FakeDevice device;
+  FakeDevice device{[] {
+    FakeDevice::Options options;
+    options.peers = 0b10;  // device 1 may reach this one's memory: enable_peer_access(1)
+    return options;
+  }()};
   cudaStream_t stream = device.create_stream();
   void* allocated = must_malloc(device, 256);
   cudaEvent_t event = must_create_event(device);
@@ -67,13 +71,15 @@ struct CallFixture {
       case Call::malloc: return device.malloc(&ptr, 256);
       case Call::free: return device.free(allocated);
       case Call::mem_get_info: return device.mem_get_info(&free_bytes, &total_bytes);
+      case Call::enable_peer_access: return device.enable_peer_access(1);
       case Call::vm_granularity: return device.vm_granularity(&bytes);
       case Call::vm_reserve: return device.vm_reserve(&ptr, granule);
       case Call::vm_unreserve: return device.vm_unreserve(spare_reservation, granule);
       case Call::vm_create: return device.vm_create(&new_handle, granule);
       case Call::vm_release: return device.vm_release(loose);
       case Call::vm_map: return device.vm_map(at + 2 * granule, granule, unmapped);
-      case Call::vm_set_access: return device.vm_set_access(reservation, granule);
+      case Call::vm_set_access:
+        return device.vm_set_access(reservation, granule, device.own_access());
       case Call::vm_unmap: return device.vm_unmap(reservation, granule);
       case Call::event_create: return device.event_create(&new_event);
       case Call::event_destroy: return device.event_destroy(event);
@@ -111,6 +117,7 @@ constexpr DefaultFault every_call[] = {
     {Call::malloc, "malloc", cudaErrorMemoryAllocation},
     {Call::free, "free", cudaErrorLaunchFailure},
     {Call::mem_get_info, "mem_get_info", cudaErrorLaunchFailure},
+    {Call::enable_peer_access, "enable_peer_access", cudaErrorLaunchFailure},
     {Call::vm_granularity, "vm_granularity", cudaErrorLaunchFailure},
     {Call::vm_reserve, "vm_reserve", cudaErrorMemoryAllocation},
     {Call::vm_unreserve, "vm_unreserve", cudaErrorLaunchFailure},

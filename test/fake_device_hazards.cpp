@@ -253,7 +253,7 @@ TEST_CASE("unmapping memory that pending work uses is a hazard, and the work sti
   REQUIRE(f.device.vm_reserve(&base, 2 * granule) == cudaSuccess);
   REQUIRE(f.device.vm_create(&handle, granule) == cudaSuccess);
   REQUIRE(f.device.vm_map(base, granule, handle) == cudaSuccess);
-  REQUIRE(f.device.vm_set_access(base, granule) == cudaSuccess);
+  REQUIRE(f.device.vm_set_access(base, granule, f.device.own_access()) == cudaSuccess);
   const bool reads = GENERATE(false, true);
   CAPTURE(reads);
   bool ran = false;

@@ -59,7 +59,7 @@ constexpr int kinds = FakeDevice::call_kinds;
 // The CUDA runtime call each seam call is, as an error message names it.
 constexpr std::array<const char*, kinds> cuda_names{
     "cudaMalloc",           "cudaFree",
-    "cudaMemGetInfo",
+    "cudaDeviceEnablePeerAccess", "cudaMemGetInfo",
     "cuMemGetAllocationGranularity", "cuMemAddressReserve",
     "cuMemAddressFree",     "cuMemCreate",
     "cuMemRelease",         "cuMemMap",
@@ -198,6 +198,10 @@ class FaultAt final : public streampool::ForwardingDevice {
     } else if (call == Call::vm_unmap) {
       accessible_.erase(accessible_.lower_bound(begin), accessible_.lower_bound(begin + bytes));
     }
+  }
+  void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes,
+               std::uint64_t) noexcept {  // vm_set_access: the range, whatever the devices
+    observe(call, result, ptr, bytes);
   }
   template <class... Args>
   void observe(Call, cudaError_t, Args...) noexcept {}
@@ -355,6 +359,22 @@ void growth(World& w) {
     held.push_back(std::make_unique<Buffer>(w, 3 * MiB + i * 256 * KiB, w.a));
     held.push_back(std::make_unique<Buffer>(w, 1000 + i * 20 * KiB, w.a));
     held.back()->write(w.a);
+  }
+}
+
+// A peer given access between two growths (MemoryPool::grant_access): the memory of both is
+// the peer's too, mapped or from cudaMalloc.
+void peer_access(World& w) {
+  Buffer before(w, 3 * MiB, w.a);
+  before.write(w.a);
+  w.pool->grant_access(1);
+  Buffer after(w, 5 * MiB, w.a);
+  after.write(w.a);
+  for (Buffer* buffer : {&before, &after}) {
+    if (!w.fake->accessible_from(buffer->get().data(), 1)) {
+      w.bad.push_back(fmt::format("a buffer at {} is not the peer's",
+                                  static_cast<void*>(buffer->get().data())));
+    }
   }
 }
 
@@ -594,6 +614,7 @@ const std::vector<Scenario>& scenarios() {
       {"graph release", graph_release},
       {"trim", trim},
       {"release_stream", release_stream},
+      with({"peer access", peer_access}, [](Scenario& s) { s.device.peers = 0b10; }),
       with({"pool destruction", pool_destruction}, [](Scenario& s) { s.uses_world_pool = false; }),
   };
   return table;

@@ -51,6 +51,7 @@ int main() {
   hooks.make_pool = [&fakes](int ordinal) {
     streampool::FakeDevice::Options options;
     options.ordinal = ordinal;
+    options.peers = ordinal == 0 ? 0b10 : 0b01;  // each may reach the other's memory
     fakes[ordinal] = std::make_shared<streampool::FakeDevice>(options);
     return std::make_shared<streampool::MemoryPool>(fakes[ordinal]);
   };
@@ -65,6 +66,16 @@ int main() {
   // guide-end
   cudaStream_t stream0 = fakes[0]->create_stream("device 0");
   auto on_0 = PooledBuffer<float>::alloc_async(*pool0, 1000, stream0);
+
+  // guide-begin several_devices_peer
+  pool0->grant_access(1);  // device 1's kernels may use pool0's memory, handed out or not yet
+  auto shared = PooledBuffer<float>::alloc_async(*pool0, 1 << 20, stream0);
+  // ... a kernel of device 1 may now read shared.data() and on_0.data()
+  // guide-end
+  expect(fakes[0]->accessible_from(shared.data(), 1) && fakes[0]->accessible_from(on_0.data(), 1),
+         "device 1 reaches pool0's memory once granted");
+  expect(!fakes[1]->accessible_from(on_1.data(), 0), "device 0 does not reach pool1's: not granted");
+  shared.reset();
 
   expect(pool0->device().ordinal() == 0 && pool1->device().ordinal() == 1,
          "each pool on the fake of its ordinal");

@@ -56,7 +56,9 @@
 // refused), the legacy default stream's implicit synchronization with blocking streams (the
 // fake orders it with no other stream, which can only report more hazards, never fewer), timing,
 // a current device and
-// peer access (each fake is one device of its ordinal, and nothing more), and the order inside a
+// peer access beyond its bookkeeping (each fake is one device of its ordinal: Options::peers
+// names the devices that may reach its memory, vm_set_access and enable_peer_access record them
+// for accessible_from, and only its own kernels run), and the order inside a
 // graph (its work replays in the order it was captured, whichever stream of the capture it was
 // launched on).
 //
@@ -92,6 +94,10 @@ class STREAMPOOL_API FakeDevice final : public Device {
     // The virtual memory calls work (with this granularity), or say cudaErrorNotSupported.
     bool virtual_memory = true;
     std::size_t vm_granularity = std::size_t{2} << 20;
+    // The other devices whose kernels can reach this device's memory (cudaDeviceCanAccessPeer
+    // says yes), bit d for device d: vm_set_access and enable_peer_access take them, and refuse
+    // any other device with cudaErrorInvalidDevice. None by default.
+    std::uint64_t peers = 0;
   };
 
   // One kind per seam call.
@@ -196,6 +202,10 @@ class STREAMPOOL_API FakeDevice final : public Device {
   std::size_t live_reservations() const;
   // Graphs and executable graphs made and not yet destroyed.
   std::size_t live_graphs() const;
+  // Whether kernels of device `device` could use the byte at `ptr`: memory from malloc for this
+  // device and the peers enable_peer_access named, a mapping for the devices vm_set_access gave
+  // it (a fake launches as its own device only; this is how tests see what a peer could reach).
+  bool accessible_from(const void* ptr, int device) const;
 
   // The next `count` calls of `call` fail with `error` (by default, the error CUDA gives for
   // that call when it runs out of resources: cudaErrorMemoryAllocation for malloc, creation and

@@ -91,6 +91,17 @@ class STREAMPOOL_API MemoryPool {
   // wholly free segments, or with expandable segments whole free mappings, allow). Synchronizes
   // the device first.
   void trim(std::size_t bytes_to_keep = 0);
+  // Kernels of GPU `device` may read and write this pool's memory from now on, every block
+  // already handed out and every later one (as cudaMemPoolSetAccess gives a peer a
+  // cudaMallocAsync pool's memory; cudaDeviceEnablePeerAccess alone does not reach memory the
+  // pool maps with expandable segments). It enables `device`'s peer access to the pool's device
+  // (cudaDeviceEnablePeerAccess, made with `device` current, which the caller's thread keeps:
+  // for memory from cudaMalloc, all of the device's) and gives each of the pool's mappings read
+  // and write access for `device`. The pool's own device: nothing to do. Throws Error:
+  // invalid_value for an ordinal out of range, a device error where CUDA refuses (a device that
+  // cannot reach the pool's: cudaDeviceCanAccessPeer says no), capture_forbids_call during a
+  // capture that forbids cudaMalloc. Granting twice is granting once; nothing takes it back.
+  void grant_access(int device);
 
   PoolStats stats() const;
   // Where the reserved memory is now (see PoolBreakdown): takes every lock of the pool in turn.

@@ -162,7 +162,7 @@ bool LargeTier::map(const Plan& plan, std::vector<Mapping>& out, Leftover& left,
       const Mapping made{static_cast<std::size_t>(at - segment.base), bytes, handle};
       if (status == cudaSuccess) {
         call = "cuMemSetAccess";
-        status = device.vm_set_access(at, bytes);
+        status = device.vm_set_access(at, bytes, device.own_access() | peers_);
         if (status != cudaSuccess && !twice([&] { return device.vm_unmap(at, bytes); })) {
           left.stuck = made;
         }
@@ -549,6 +549,28 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
   }
   std::erase_if(segment.mappings, [](const Mapping& m) { return m.size == 0; });
   return released;
+}
+
+Failure LargeTier::grant(int peer) noexcept {
+  std::lock_guard<CountedMutex> growing(growth_mutex_);  // mappings change only under it
+  const std::uint64_t bit = std::uint64_t{1} << peer;
+  if ((peers_ & bit) != 0) return {};
+  Device& device = pool_.device();
+  for (const auto& segment : segments_) {
+    if (!segment->expandable) continue;
+    const auto& mappings = segment->mappings;  // by offset
+    for (std::size_t i = 0; i < mappings.size();) {
+      std::size_t end = mappings[i].offset + mappings[i].size;
+      std::size_t j = i + 1;
+      while (j < mappings.size() && mappings[j].offset == end) end += mappings[j++].size;
+      const cudaError_t status =
+          device.vm_set_access(segment->base + mappings[i].offset, end - mappings[i].offset, bit);
+      if (status != cudaSuccess) return Failure::of(status, "cuMemSetAccess");
+      i = j;
+    }
+  }
+  peers_ |= bit;
+  return {};
 }
 
 std::size_t LargeTier::release_unreleased() noexcept {

@@ -128,6 +128,12 @@ class LargeTier {
   // Returns wholly free, covered segments to the device until at most `bytes_to_keep` stay
   // reserved; the bytes returned.
   std::size_t release_free_segments(std::size_t bytes_to_keep) noexcept;
+  // Kernels of device `peer` may read and write every mapping from now on: those made so far
+  // (vm_set_access for `peer`, one call per run of adjacent mappings) and every later one (its
+  // bit joins the mask a growth gives vm_set_access). On a refusal, the mappings given access so
+  // far keep it and later ones are not given it; the failure names the call. Memory from
+  // cudaMalloc is the device's peer access (PoolCore::grant_access), not this.
+  Failure grant(int peer) noexcept;
 
   // Every segment, for the pool's destruction. [no other thread]
   const std::vector<std::unique_ptr<Segment>>& segments() const noexcept { return segments_; }
@@ -364,6 +370,7 @@ class LargeTier {
   std::uint32_t quiet_windows_ = 0;  // with homes and few moves, since the last set-aside
   bool crowded_ = false;
   std::atomic<Vm> vm_{Vm::unknown};  // written under growth_mutex_; may_grow_now() reads it
+  std::uint64_t peers_ = 0;  // devices grant() gave access to, bit d for d [growth_mutex_]
   std::size_t granule_ = 0;  // vm_granularity, once vm_ is on
   // Unmapped, but the device refused to release their handles: still counted reserved. [mutex_]
   std::vector<Mapping> unreleased_;

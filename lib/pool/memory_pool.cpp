@@ -129,6 +129,8 @@ void MemoryPool::release_stream(cudaStream_t stream) {
 
 void MemoryPool::trim(std::size_t bytes_to_keep) { core_->trim(bytes_to_keep); }
 
+void MemoryPool::grant_access(int device) { core_->grant_access(device); }
+
 PoolStats MemoryPool::stats() const { return core_->stats(); }
 
 PoolBreakdown MemoryPool::breakdown() const { return core_->breakdown(); }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace streampool::detail {
 namespace {
@@ -212,6 +213,22 @@ void bury_dead_pools() noexcept {
     dead.swap(graveyard().dead);
   }
   for (PoolCore* core : dead) core->destroy();
+}
+
+void PoolCore::grant_access(int device) {
+  const std::string what = "MemoryPool::grant_access(" + std::to_string(device) + ")";
+  if (device < 0 || device >= 64) throw Error(Errc::invalid_value, what + ": no such device");
+  if (device == device_->ordinal()) return;  // its own memory: always
+  // Its cudaDeviceEnablePeerAccess is refused where cudaMalloc is (device_calls.def).
+  if (!calls_allowed(Restricted::malloc)) {
+    throw Error(forbidden_now(), what + ": cudaDeviceEnablePeerAccess is forbidden now");
+  }
+  // cudaMalloc's memory (fixed segments, now or after a fallback) through the device's peer
+  // access; the mappings through their own access.
+  if (const cudaError_t status = device_->enable_peer_access(device); status != cudaSuccess) {
+    throw Error(status, what + ": cudaDeviceEnablePeerAccess");
+  }
+  if (const Failure failed = large_.grant(device)) throw error_of(failed, what);
 }
 
 }  // namespace streampool::detail

@@ -90,6 +90,8 @@ class PoolCore {
   // reclaim.cpp
   void release_stream(cudaStream_t stream);
   void trim(std::size_t bytes_to_keep);
+  // pool_core.cpp: MemoryPool::grant_access.
+  void grant_access(int device);
   // stats.cpp
   PoolStats stats() const;
   PoolBreakdown breakdown();

@@ -72,7 +72,7 @@ void vm_costs(streampool::CudaDevice& cuda) {
       auto t1 = clock::now();
       cuda.vm_map(at, bytes, h);
       auto t2 = clock::now();
-      cuda.vm_set_access(at, bytes);
+      cuda.vm_set_access(at, bytes, cuda.own_access());
       auto t3 = clock::now();
       cuda.vm_unmap(at, bytes);
       auto t4 = clock::now();
@@ -98,13 +98,13 @@ void vm_costs(streampool::CudaDevice& cuda) {
     auto t1 = clock::now();
     for (int i = 0; i < k; ++i) cuda.vm_map(at + i * granule, granule, handles[i]);
     auto t2 = clock::now();
-    cuda.vm_set_access(at, k * granule);
+    cuda.vm_set_access(at, k * granule, cuda.own_access());
     auto t3 = clock::now();
     cuda.vm_unmap(at, k * granule);
     auto t4 = clock::now();
     std::byte* elsewhere = at + (std::size_t{2} << 30);
     for (int i = 0; i < k; ++i) cuda.vm_map(elsewhere + i * granule, granule, handles[i]);
-    cuda.vm_set_access(elsewhere, k * granule);
+    cuda.vm_set_access(elsewhere, k * granule, cuda.own_access());
     auto t5 = clock::now();
     cuda.vm_unmap(elsewhere, k * granule);
     for (int i = 0; i < k; ++i) cuda.vm_release(handles[i]);

@@ -6,7 +6,10 @@
 // kernel on the same stream or on the thread's second stream (ordered by an event, with
 // record_stream); a block handed out while its last owner's kernels may run shows as corrupted
 // words. The memory of every buffer is asked of CUDA (cudaPointerGetAttributes): it must lie on
-// the pool's device. Peer access between the devices off, then on (enabled both ways).
+// the pool's device. Peer access between the devices off, then on: enabled both ways, each pool
+// granting the other GPU its memory (MemoryPool::grant_access), and a quarter of the checks run
+// on a stream of the other GPU, reading the buffer across (the buffer's stream waits for that
+// read before the drop).
 //
 // STREAMPOOL_GPU_SECONDS sets each run's length (default 2 s a run; issue 13 asks for minutes on
 // two GPUs: tools/gpu-check.sh, stage two-gpu). With one GPU the same threads share two pools of
@@ -53,10 +56,12 @@ struct Findings {
 };
 
 // One worker: two streams and an event of `device`, its pool; the caller's current device during
-// pool calls is `elsewhere`.
-void work(streampool::MemoryPool& pool, int device, int elsewhere, unsigned seed,
+// pool calls is `elsewhere`. With `peer` (a device, or -1 for none), a stream of the peer reads
+// some buffers across, counting into `peer_mismatches` (the peer's memory).
+void work(streampool::MemoryPool& pool, int device, int elsewhere, int peer, unsigned seed,
           std::chrono::steady_clock::time_point until, unsigned long long* mismatches,
-          std::atomic<std::uint64_t>& buffers, Findings& found) {
+          unsigned long long* peer_mismatches, std::atomic<std::uint64_t>& buffers,
+          Findings& found) {
   const auto check = [&](cudaError_t status, const char* what) {
     if (status == cudaSuccess) return true;
     found.fail(std::string(what) + ": " + cudaGetErrorString(status));
@@ -79,12 +84,23 @@ void work(streampool::MemoryPool& pool, int device, int elsewhere, unsigned seed
       !check(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), "cudaEventCreate")) {
     return;
   }
+  cudaStream_t remote = nullptr;  // the peer's
+  cudaEvent_t read = nullptr;     // the peer's, after its read
+  if (peer >= 0 && (!check(cudaSetDevice(peer), "cudaSetDevice") ||
+                    !check(cudaStreamCreateWithFlags(&remote, cudaStreamNonBlocking),
+                           "cudaStreamCreate") ||
+                    !check(cudaEventCreateWithFlags(&read, cudaEventDisableTiming),
+                           "cudaEventCreate") ||
+                    !check(cudaSetDevice(device), "cudaSetDevice"))) {
+    return;
+  }
   std::mt19937_64 random(seed);
   for (std::uint64_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
     // 4 KiB to 8 MiB, odd word counts: both tiers, sizes no class fits exactly.
     const std::size_t words = (1024 + random() % ((std::size_t{2} << 20) - 1024)) | 1;
     const auto tag = static_cast<std::uint32_t>(0x9E3779B1u * (seed * 0x10001u + i + 1));
     const bool on_second = random() % 3 == 0;
+    const bool across = remote != nullptr && random() % 4 == 0;
 
     if (!check(cudaSetDevice(elsewhere), "cudaSetDevice")) break;
     std::error_code error;
@@ -117,6 +133,18 @@ void work(streampool::MemoryPool& pool, int device, int elsewhere, unsigned seed
                                                                    buffer.data(), words, tag,
                                                                    mismatches),
                                  "count");
+    if (launched && across) {
+      // The peer reads the buffer across; the buffer's stream waits for that read.
+      launched = check(cudaEventRecord(written, first), "cudaEventRecord") &&
+                 check(cudaSetDevice(peer), "cudaSetDevice") &&
+                 check(cudaStreamWaitEvent(remote, written, 0), "cudaStreamWaitEvent") &&
+                 check(gpu_test::launch_count_mismatches(remote, buffer.data(), words, tag,
+                                                         peer_mismatches),
+                       "count across") &&
+                 check(cudaEventRecord(read, remote), "cudaEventRecord") &&
+                 check(cudaSetDevice(device), "cudaSetDevice") &&
+                 check(cudaStreamWaitEvent(first, read, 0), "cudaStreamWaitEvent");
+    }
     if (!check(cudaSetDevice(elsewhere), "cudaSetDevice")) break;
     if (on_second) buffer.record_stream(second);
     current_is(elsewhere);
@@ -128,6 +156,13 @@ void work(streampool::MemoryPool& pool, int device, int elsewhere, unsigned seed
   cudaSetDevice(device);
   check(cudaStreamSynchronize(first), "cudaStreamSynchronize");
   check(cudaStreamSynchronize(second), "cudaStreamSynchronize");
+  if (remote != nullptr) {
+    cudaSetDevice(peer);
+    check(cudaStreamSynchronize(remote), "cudaStreamSynchronize");
+    cudaEventDestroy(read);
+    cudaStreamDestroy(remote);
+    cudaSetDevice(device);
+  }
   cudaSetDevice(elsewhere);
   pool.release_stream(first);
   pool.release_stream(second);
@@ -183,6 +218,11 @@ TEST_CASE("gpu: one pool per device, threads of every device at once", "[pool][g
         mismatches.push_back(counter);
       }
       REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      if (peer_access) {  // each pool's memory the other GPU's too
+        pools[0]->grant_access(devices[1]);
+        pools[1]->grant_access(devices[0]);
+        REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      }
 
       Findings found;
       std::vector<std::atomic<std::uint64_t>> buffers(pools.size());
@@ -197,9 +237,12 @@ TEST_CASE("gpu: one pool per device, threads of every device at once", "[pool][g
                                   ? devices[(p + 1) % devices.size()]
                                   : device;  // one GPU: no other device to be current
         for (unsigned t = 0; t < threads_per_pool; ++t) {
+          const std::size_t other = (p + 1) % pools.size();
           workers.emplace_back(work, std::ref(*pools[p]), device, elsewhere,
+                               peer_access ? devices[other] : -1,
                                static_cast<unsigned>(p * threads_per_pool + t + 1), until,
-                               mismatches[p], std::ref(buffers[p]), std::ref(found));
+                               mismatches[p], mismatches[other], std::ref(buffers[p]),
+                               std::ref(found));
         }
       }
       for (auto& w : workers) w.join();

@@ -237,8 +237,21 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
   report("vm_map", device.vm_map(at, granule, h1));
   report("vm_map over a mapping", device.vm_map(at, 2 * granule, h2));
   report("vm_map after it", device.vm_map(at + granule, 2 * granule, h2));
-  report("vm_set_access over two mappings", device.vm_set_access(at, 3 * granule));
-  report("vm_set_access past the mappings", device.vm_set_access(at, 4 * granule));
+  report("vm_set_access over two mappings",
+         device.vm_set_access(at, 3 * granule, device.own_access()));
+  report("vm_set_access past the mappings",
+         device.vm_set_access(at, 4 * granule, device.own_access()));
+  // Devices that do not exist (the fake says cudaErrorInvalidDevice); and peer access to the
+  // device itself, and to one that does not exist.
+  const int gpus = streampool::CudaDevice::count();
+  report("vm_set_access for the first device past the last",
+         device.vm_set_access(at, granule, device.own_access() | (std::uint64_t{1} << gpus)));
+  report("vm_set_access for device 63",
+         device.vm_set_access(at, granule, device.own_access() | (std::uint64_t{1} << 63)));
+  report("enable_peer_access of the device itself", device.enable_peer_access(device.ordinal()));
+  report("enable_peer_access from the first device past the last",
+         device.enable_peer_access(gpus));
+  cudaGetLastError();
   report("vm_unmap part of a mapping", device.vm_unmap(at + granule, granule));
   {
     // One handle mapped whole at two addresses at once, and what is written through one read
@@ -247,7 +260,7 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
     report("vm_map of a handle mapped elsewhere already, whole", twice);
     if (twice == cudaSuccess) {
       report("vm_set_access of the second mapping",
-             device.vm_set_access(at + 40 * granule, 2 * granule));
+             device.vm_set_access(at + 40 * granule, 2 * granule, device.own_access()));
       unsigned seen = 0;
       const unsigned written = 0x5eed;
       report("write through the first mapping",
@@ -281,7 +294,7 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
     streampool::VmHandle mapped = 0;
     REQUIRE(device.vm_create(&mapped, granule) == cudaSuccess);
     REQUIRE(device.vm_map(at + 8 * granule, granule, mapped) == cudaSuccess);
-    REQUIRE(device.vm_set_access(at + 8 * granule, granule) == cudaSuccess);
+    REQUIRE(device.vm_set_access(at + 8 * granule, granule, device.own_access()) == cudaSuccess);
     const auto during = [&](const char* what, auto&& call) {
       REQUIRE(cudaStreamBeginCapture(s, mode) == cudaSuccess);
       const cudaError_t e = call();
@@ -303,7 +316,8 @@ TEST_CASE("probe the virtual memory calls around capture and their preconditions
     std::byte* const third = at + 16 * granule;
     const cudaError_t map = during("vm_map", [&] { return device.vm_map(third, granule, h); });
     if (map != cudaSuccess) REQUIRE(device.vm_map(third, granule, h) == cudaSuccess);
-    during("vm_set_access", [&] { return device.vm_set_access(third, granule); });
+    during("vm_set_access",
+           [&] { return device.vm_set_access(third, granule, device.own_access()); });
     const cudaError_t unmap = during("vm_unmap", [&] { return device.vm_unmap(third, granule); });
     if (unmap != cudaSuccess) device.vm_unmap(third, granule);
     during("vm_release", [&] { return device.vm_release(h); });

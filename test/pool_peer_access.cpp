@@ -1,0 +1,183 @@
+// MemoryPool::grant_access: another GPU's kernels given the pool's memory, as cudaMemPoolSetAccess
+// gives a peer a cudaMallocAsync pool's. The fake device of ordinal 0 here has device 1 as its
+// peer (FakeDevice::Options::peers) and records which devices may use each byte
+// (FakeDevice::accessible_from): mappings through vm_set_access, cudaMalloc memory through
+// enable_peer_access.
+#include "pool_helpers.hpp"
+
+#include <streampool/capture_pool.hpp>
+#include <streampool/error.hpp>
+
+#include <vector>
+
+using streampool::Errc;
+using streampool::Error;
+using streampool::FakeDevice;
+using Call = streampool::FakeDevice::Call;
+using Bytes = streampool::PooledBuffer<std::byte>;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+FakeDevice::Options with_peer() {
+  FakeDevice::Options o;
+  o.peers = 0b10;  // device 1
+  return o;
+}
+
+streampool::PoolOptions options_with(bool expandable) {
+  auto options = test_options();
+  options.expandable_segments = expandable;
+  return options;
+}
+}  // namespace
+
+TEST_CASE("grant_access gives a peer every block, those handed out before and after") {
+  const bool expandable = GENERATE(true, false);
+  CAPTURE(expandable);
+  PoolOnFake pool(options_with(expandable), with_peer());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  // Small blocks (slabs) and large ones, from growths before the grant, on two streams (whose
+  // large growths map into homes of their own: mappings apart).
+  std::vector<Bytes> before;
+  before.push_back(Bytes::alloc_async(*pool, 1000, s));
+  before.push_back(Bytes::alloc_async(*pool, 3 * MiB, s));
+  before.push_back(Bytes::alloc_async(*pool, 9 * MiB, s));
+  before.push_back(Bytes::alloc_async(*pool, 5 * MiB, t));
+  before.push_back(Bytes::alloc_async(*pool, 2000, t));
+  for (const Bytes& b : before) {
+    CHECK(fake.accessible_from(b.data(), 0));
+    CHECK_FALSE(fake.accessible_from(b.data(), 1));  // not yet
+  }
+  const auto set_access_before = fake.calls(Call::vm_set_access);
+
+  pool->grant_access(1);
+  CHECK(fake.calls(Call::enable_peer_access) == 1);
+  for (const Bytes& b : before) {
+    CHECK(fake.accessible_from(b.data(), 1));
+    CHECK(fake.accessible_from(b.data() + b.byte_size() - 1, 1));
+    CHECK(fake.accessible_from(b.data(), 0));  // its own device keeps it
+  }
+  if (expandable) {
+    // Adjacent mappings in one call: fewer calls than growths, and more than one (the homes).
+    const auto calls = fake.calls(Call::vm_set_access) - set_access_before;
+    CHECK(calls > 1);
+    CHECK(calls < set_access_before);
+  } else {
+    CHECK(fake.calls(Call::vm_set_access) == 0);
+  }
+
+  // Growths after the grant: the peer's at once.
+  std::vector<Bytes> after;
+  after.push_back(Bytes::alloc_async(*pool, 40 * MiB, s));
+  after.push_back(Bytes::alloc_async(*pool, 7 * MiB, s));
+  for (const Bytes& b : after) {
+    CHECK(fake.accessible_from(b.data(), 1));
+    CHECK(fake.accessible_from(b.data(), 0));
+  }
+  CHECK_FALSE(fake.accessible_from(after.front().data(), 2));  // no other device
+
+  // Granted twice is granted once.
+  const auto calls = fake.total_calls();
+  pool->grant_access(1);
+  CHECK(fake.total_calls() - calls == 1);  // the device's peer access, already on
+  CHECK(fake.hazards().empty());
+}
+
+TEST_CASE("grant_access reaches the mappings on both sides of an unmapped hole") {
+  PoolOnFake pool(options_with(true), with_peer());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto x = Bytes::alloc_async(*pool, 4 * MiB, s);
+  auto y = Bytes::alloc_async(*pool, 4 * MiB, s);
+  auto z = Bytes::alloc_async(*pool, 4 * MiB, s);
+  REQUIRE(y.data() == x.data() + 4 * MiB);  // one reservation, three mappings
+  REQUIRE(z.data() == y.data() + 4 * MiB);
+  const void* hole = y.data();
+  y.reset();
+  pool->trim();  // unmaps y's mapping: x's and z's are apart
+  REQUIRE(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(8 * MiB));
+  const auto calls = fake.calls(Call::vm_set_access);
+  pool->grant_access(1);
+  CHECK(fake.calls(Call::vm_set_access) - calls == 2);
+  CHECK(fake.accessible_from(x.data(), 1));
+  CHECK(fake.accessible_from(z.data(), 1));
+  CHECK_FALSE(fake.accessible_from(hole, 1));  // nothing mapped there
+}
+
+TEST_CASE("grant_access refuses what CUDA refuses, and its own device needs nothing") {
+  PoolOnFake pool(options_with(true), with_peer());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto b = Bytes::alloc_async(*pool, 3 * MiB, s);
+  const auto calls = fake.total_calls();
+  pool->grant_access(0);  // its own
+  CHECK(fake.total_calls() == calls);
+
+  for (const int bad : {-1, 64}) {
+    try {
+      pool->grant_access(bad);
+      FAIL("granted to device " << bad);
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::invalid_value);
+    }
+  }
+  CHECK(fake.total_calls() == calls);
+
+  // Device 2 cannot reach device 0's memory: CUDA's refusal, and nothing given.
+  try {
+    pool->grant_access(2);
+    FAIL("granted to device 2");
+  } catch (const Error& e) {
+    CHECK(e.cuda_error() == cudaErrorInvalidDevice);
+    CHECK_THAT(e.what(), Catch::Contains("grant_access(2)"));
+  }
+  CHECK_FALSE(fake.accessible_from(b.data(), 2));
+  auto later = Bytes::alloc_async(*pool, 30 * MiB, s);  // growths still work, for device 0
+  CHECK(fake.accessible_from(later.data(), 0));
+  CHECK_FALSE(fake.accessible_from(later.data(), 1));
+}
+
+TEST_CASE("a grant that fails half way can be made again, and later growths wait for it") {
+  PoolOnFake pool(options_with(true), with_peer());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  std::vector<Bytes> held;
+  for (std::size_t i = 0; i < 3; ++i) held.push_back(Bytes::alloc_async(*pool, (3 + 2 * i) * MiB, s));
+  fake.fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue);
+  try {
+    pool->grant_access(1);
+    FAIL("the grant succeeded");
+  } catch (const Error& e) {
+    CHECK(e.cuda_error() == cudaErrorInvalidValue);
+    CHECK_THAT(e.what(), Catch::Contains("cuMemSetAccess"));
+  }
+  // Not granted: a growth now is device 0's alone.
+  auto growth = Bytes::alloc_async(*pool, 30 * MiB, s);
+  CHECK_FALSE(fake.accessible_from(growth.data(), 1));
+  pool->grant_access(1);
+  for (const Bytes& b : held) CHECK(fake.accessible_from(b.data(), 1));
+  CHECK(fake.accessible_from(growth.data(), 1));
+}
+
+TEST_CASE("grant_access is refused during a capture that forbids cudaMalloc") {
+  PoolOnFake pool(options_with(true), with_peer());
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<streampool::CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s, streampool::CaptureMode::global);
+  const auto calls = fake.calls(Call::enable_peer_access);
+  try {
+    pool->grant_access(1);
+    FAIL("granted during a global capture");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::capture_forbids_call);
+  }
+  CHECK(fake.calls(Call::enable_peer_access) == calls);
+  auto graph = streampool::end_capture_with_pool(s, capture);
+  pool->grant_access(1);  // after it: granted
+  auto b = Bytes::alloc_async(*pool, 3 * MiB, s);
+  CHECK(fake.accessible_from(b.data(), 1));
+}
