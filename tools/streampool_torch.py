@@ -85,6 +85,7 @@ def _core_library(lib_dir=None):
         lib.streampool_torch_stats_size.restype = ctypes.c_size_t
         lib.streampool_torch_trim.argtypes = [ctypes.c_int]
         lib.streampool_torch_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+        lib.streampool_torch_grant_access.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.streampool_torch_last_error.restype = ctypes.c_char_p
         if lib.streampool_torch_stats_size() != ctypes.sizeof(_Stats):
             raise RuntimeError(f"{path}: its stats layout is not this module's; rebuild it")
@@ -236,6 +237,15 @@ def empty_cache(device=None, lib_dir=None):
     index = -1 if device is None else _device_index(device)
     if lib.streampool_torch_trim(index) != 0:
         raise RuntimeError("streampool_torch_trim: " + _error(lib))
+
+
+def grant_access(device, peer, lib_dir=None):
+    """Kernels of GPU `peer` may use streampool's memory on `device`, every block handed out and
+    every later one. Needed for peer-to-peer reads of streampool's memory (PyTorch's own
+    enabling of peer access reaches memory from cudaMalloc only)."""
+    lib = _core_library(lib_dir)
+    if lib.streampool_torch_grant_access(_device_index(device), _device_index(peer)) != 0:
+        raise RuntimeError("streampool_torch_grant_access: " + _error(lib))
 
 
 def set_memory_fraction(fraction, device=None, lib_dir=None):

@@ -508,6 +508,15 @@ int streampool_torch_trim(int device) {
   return result;
 }
 
+int streampool_torch_grant_access(int device, int peer) {
+  try {
+    pool_of(device).pool.grant_access(peer);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
 int streampool_torch_set_memory_fraction(double fraction, int device) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
     return fail("set_memory_fraction: the fraction must be in (0, 1]");

@@ -85,6 +85,12 @@ STREAMPOOL_TORCH_API int streampool_torch_get_stats(int device, streampool_torch
  * go first. Skipped while a capture is under way (its synchronize would invalidate it). */
 STREAMPOOL_TORCH_API int streampool_torch_trim(int device);
 
+/* MemoryPool::grant_access: kernels of GPU `peer` may read and write `device`'s pool's memory,
+ * every block handed out and every later one (PyTorch's own enablePeerAccess reaches memory from
+ * cudaMalloc only, not the pool's mappings). 0, or -1 on failure (a peer that cannot reach
+ * `device`, or no such device). */
+STREAMPOOL_TORCH_API int streampool_torch_grant_access(int device, int peer);
+
 /* torch.cuda.set_per_process_memory_fraction: `device`'s pool reserves at most
  * fraction x the device's total memory (0 < fraction <= 1; 1 is the whole device). */
 STREAMPOOL_TORCH_API int streampool_torch_set_memory_fraction(double fraction, int device);

@@ -23,6 +23,7 @@ struct TorchOnFakes {
           streampool::FakeDevice::Options o;
           o.ordinal = ordinal;
           o.capacity = std::size_t{1} << 30;
+          o.peers = 0b11 & ~(std::uint64_t{1} << ordinal);  // devices 0 and 1 reach each other
           auto fake = std::make_shared<streampool::FakeDevice>(o);
           devices[ordinal] = fake;
           return fake;

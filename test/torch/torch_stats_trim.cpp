@@ -2,6 +2,7 @@
 // and empty_cache.
 #include "torch_helpers.hpp"
 
+#include <string>
 #include <vector>
 
 using streampool::FakeDevice;
@@ -63,4 +64,21 @@ TEST_CASE("stats of a device without a pool are zero, and a null output is refus
   REQUIRE(s.reserved_bytes_peak == 0);
   REQUIRE(streampool_torch_get_stats(0, nullptr) == -1);
   REQUIRE(streampool_torch_get_stats(-5, &s) == 1);
+}
+
+TEST_CASE("grant_access gives a peer the memory of a device's pool, and refuses a non-peer") {
+  TorchOnFakes torch;
+  FakeDevice& fake = torch.fake(0);
+  cudaStream_t s = fake.create_stream();
+  void* before = streampool_torch_alloc(ssize_t{5} << 20, 0, s);
+  REQUIRE(before != nullptr);
+  CHECK_FALSE(fake.accessible_from(before, 1));
+  REQUIRE(streampool_torch_grant_access(0, 1) == 0);
+  void* after = streampool_torch_alloc(ssize_t{40} << 20, 0, s);
+  CHECK(fake.accessible_from(before, 1));
+  CHECK(fake.accessible_from(after, 1));
+  CHECK(streampool_torch_grant_access(0, 2) == -1);  // device 2 cannot reach device 0
+  CHECK(std::string(streampool_torch_last_error()).find("grant_access(2)") != std::string::npos);
+  streampool_torch_free(before, ssize_t{5} << 20, 0, s);
+  streampool_torch_free(after, ssize_t{40} << 20, 0, s);
 }
