@@ -407,10 +407,8 @@ struct FakeDevice::State {
   // The peers that enable_peer_access let use this device's malloc memory, bit d for device d.
   std::uint64_t peer_access_enabled = 0;
 
-  // This device, as a bit of an access mask.
-  std::uint64_t own_bit() const noexcept {
-    return options.ordinal >= 0 && options.ordinal < 64 ? std::uint64_t{1} << options.ordinal : 0;
-  }
+  // This device, as a bit of an access mask (the constructor took only ordinals 0 to 63).
+  std::uint64_t own_bit() const noexcept { return std::uint64_t{1} << options.ordinal; }
   // The devices whose kernels can reach this device's memory: itself and Options::peers.
   std::uint64_t reachable_from() const noexcept { return own_bit() | options.peers; }
 
@@ -1179,7 +1177,19 @@ PerThreadStreams::~PerThreadStreams() {
   }
 }
 
-FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(options)) {
+namespace {
+// An ordinal a mask of devices can name (vm_set_access: bit d for device d), as CUDA's are.
+const FakeDevice::Options& checked(const FakeDevice::Options& options) {
+  if (options.ordinal < 0 || options.ordinal >= 64) {
+    throw std::invalid_argument(
+        fmt::format("FakeDevice: ordinal {} (0 to 63, as a mask of devices names them)",
+                    options.ordinal));
+  }
+  return options;
+}
+}  // namespace
+
+FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(checked(options))) {
   LiveStates& live = live_states();
   std::lock_guard registry(live.mutex);
   live.end_capture.emplace(state_->instance, [state = state_.get()](StreamId id) {

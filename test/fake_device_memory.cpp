@@ -2,7 +2,9 @@
 // memory behind each allocation on request.
 #include "fake_helpers.hpp"
 
+#include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <set>
 
 using namespace fake_test;
@@ -170,4 +172,12 @@ TEST_CASE("the ordinal is the one the options name", "[fake][memory]") {
   options.ordinal = 3;
   REQUIRE(FakeDevice(options).ordinal() == 3);
   REQUIRE(FakeDevice().ordinal() == 0);
+  // Ordinals a mask of devices cannot name (vm_set_access's) are refused: before, a fake of
+  // ordinal 64 or -1 was made, and its growths' vm_set_access refused (review of 9ed639b).
+  for (const int bad : {-1, 64}) {
+    options.ordinal = bad;
+    CHECK_THROWS_AS(FakeDevice(options), std::invalid_argument);
+  }
+  options.ordinal = 63;
+  CHECK(FakeDevice(options).own_access() == std::uint64_t{1} << 63);
 }

@@ -121,7 +121,7 @@ class FaultAt final : public streampool::ForwardingDevice {
     return counts_;
   }
   // Whether [ptr, ptr + bytes) lies inside live device memory: one allocation, or mappings side
-  // by side whose access is set.
+  // by side whose access is set for this device.
   bool inside_live_memory(const void* ptr, std::size_t bytes) const {
     const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
     const auto end = begin + bytes;
@@ -131,12 +131,15 @@ class FaultAt final : public streampool::ForwardingDevice {
       --it;
       if (begin >= it->first && end <= it->first + it->second) return true;
     }
-    auto m = accessible_.upper_bound(begin);
-    if (m == accessible_.begin()) return false;
+    auto m = mappings_.upper_bound(begin);
+    if (m == mappings_.begin()) return false;
     --m;
     for (std::uintptr_t at = begin; at < end; ++m) {
-      if (m == accessible_.end() || m->first > at || m->first + m->second <= at) return false;
-      at = m->first + m->second;
+      if (m == mappings_.end() || m->first > at || m->first + m->second.bytes <= at ||
+          !m->second.usable) {
+        return false;
+      }
+      at = m->first + m->second.bytes;
     }
     return true;
   }
@@ -186,29 +189,46 @@ class FaultAt final : public streampool::ForwardingDevice {
     std::lock_guard<std::mutex> lock(mutex_);
     allocations_.erase(reinterpret_cast<std::uintptr_t>(ptr));
   }
-  void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes) noexcept {
-    if (result != cudaSuccess) return;
-    const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+  // A mapping is live memory once vm_set_access names this device (a peer's access alone is
+  // not), until it is unmapped.
+  void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes,
+               streampool::VmHandle) noexcept {
+    if (result != cudaSuccess || call != Call::vm_map) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (call == Call::vm_set_access) {
-      try {
-        accessible_[begin] = bytes;
-      } catch (const std::bad_alloc&) {
-      }
-    } else if (call == Call::vm_unmap) {
-      accessible_.erase(accessible_.lower_bound(begin), accessible_.lower_bound(begin + bytes));
+    try {
+      mappings_[reinterpret_cast<std::uintptr_t>(ptr)] = {bytes, false};
+    } catch (const std::bad_alloc&) {
     }
   }
   void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes,
-               std::uint64_t) noexcept {  // vm_set_access: the range, whatever the devices
-    observe(call, result, ptr, bytes);
+               std::uint64_t devices) noexcept {
+    if (result != cudaSuccess || call != Call::vm_set_access ||
+        (devices & fake_->own_access()) == 0) {
+      return;
+    }
+    const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto m = mappings_.lower_bound(begin); m != mappings_.end() && m->first < begin + bytes;
+         ++m) {
+      m->second.usable = true;
+    }
+  }
+  void observe(Call call, cudaError_t result, void* ptr, std::size_t bytes) noexcept {
+    if (result != cudaSuccess || call != Call::vm_unmap) return;
+    const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    mappings_.erase(mappings_.lower_bound(begin), mappings_.lower_bound(begin + bytes));
   }
   template <class... Args>
   void observe(Call, cudaError_t, Args...) noexcept {}
 
   std::shared_ptr<FakeDevice> fake_;
   mutable std::mutex mutex_;
-  std::map<std::uintptr_t, std::size_t> accessible_;  // vm_set_access ranges, until unmapped
+  struct Mapped {
+    std::size_t bytes = 0;
+    bool usable = false;  // vm_set_access named this device
+  };
+  std::map<std::uintptr_t, Mapped> mappings_;  // by address, until unmapped
   std::array<std::uint64_t, kinds> counts_{};
   Call target_ = Call::malloc;
   std::uint64_t position_ = 0;  // 0: no fault armed
@@ -777,4 +797,53 @@ TEST_CASE("the fault matrix fails every kind of device call: in the scenarios, o
     CAPTURE(cuda_names[k]);
     CHECK(made[k] > 0);
   }
+}
+
+// Review of 9ed639b: the matrix's record of live memory (FaultAt::inside_live_memory) after a
+// grant. grant_access gives the peer one cuMemSetAccess over a run of adjacent mappings; trim then
+// unmaps the middle mapping of that run. The record must say the hole is not live memory (else a
+// buffer the pool handed out there would pass the matrix's check).
+TEST_CASE("fault matrix record: a mapping unmapped inside a run a grant gave the peer is not live") {
+  FakeDevice::Options device_options;
+  device_options.peers = 0b10;
+  auto fake = std::make_shared<FakeDevice>(device_options);
+  auto device = std::make_shared<FaultAt>(fake);
+  PoolOptions options = test_options();
+  options.expandable_segments = true;
+  MemoryPool pool(device, options);
+  cudaStream_t s = fake->create_stream();
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto x = Bytes::alloc_async(pool, 4 * MiB, s);
+  auto y = Bytes::alloc_async(pool, 4 * MiB, s);
+  auto z = Bytes::alloc_async(pool, 4 * MiB, s);
+  REQUIRE(y.data() == x.data() + 4 * MiB);  // one reservation, three adjacent mappings
+  REQUIRE(z.data() == y.data() + 4 * MiB);
+  pool.grant_access(1);  // one cuMemSetAccess for device 1 over the three
+  std::byte* const hole = y.data();
+  y.reset();
+  pool.trim();  // unmaps y's mapping
+  REQUIRE(pool.stats().reserved_bytes.current == static_cast<std::int64_t>(8 * MiB));
+  REQUIRE_FALSE(fake->accessible_from(hole, 0));  // the fake: nothing mapped there
+  CHECK_FALSE(device->inside_live_memory(hole, 1));  // the matrix's record says the same
+}
+
+// The record counts a cuMemSetAccess that named only the peer as the pool's own access.
+TEST_CASE("fault matrix record: a mapping only the peer was given access to is not the device's") {
+  FakeDevice::Options device_options;
+  device_options.peers = 0b10;
+  auto fake = std::make_shared<FakeDevice>(device_options);
+  FaultAt device(fake);
+  std::size_t granule = 0;
+  REQUIRE(device.vm_granularity(&granule) == cudaSuccess);
+  void* base = nullptr;
+  REQUIRE(device.vm_reserve(&base, granule) == cudaSuccess);
+  streampool::VmHandle handle = 0;
+  REQUIRE(device.vm_create(&handle, granule) == cudaSuccess);
+  REQUIRE(device.vm_map(base, granule, handle) == cudaSuccess);
+  REQUIRE(device.vm_set_access(base, granule, 0b10) == cudaSuccess);  // device 1 only
+  REQUIRE_FALSE(fake->accessible_from(base, 0));  // device 0's kernels would fault
+  CHECK_FALSE(device.inside_live_memory(base, 1));
+  REQUIRE(device.vm_unmap(base, granule) == cudaSuccess);
+  REQUIRE(device.vm_release(handle) == cudaSuccess);
+  REQUIRE(device.vm_unreserve(base, granule) == cudaSuccess);
 }

@@ -3,6 +3,7 @@
 // peer (FakeDevice::Options::peers) and records which devices may use each byte
 // (FakeDevice::accessible_from): mappings through vm_set_access, cudaMalloc memory through
 // enable_peer_access.
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
@@ -141,12 +142,19 @@ TEST_CASE("grant_access refuses what CUDA refuses, and its own device needs noth
 }
 
 TEST_CASE("a grant that fails half way can be made again, and later growths wait for it") {
-  PoolOnFake pool(options_with(true), with_peer());
+  HookedPool pool(options_with(true), with_peer());
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
-  std::vector<Bytes> held;
-  for (std::size_t i = 0; i < 3; ++i) held.push_back(Bytes::alloc_async(*pool, (3 + 2 * i) * MiB, s));
-  fake.fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue);
+  // Two runs of mappings apart (the middle one unmapped): the grant makes two calls.
+  auto x = Bytes::alloc_async(*pool, 4 * MiB, s);
+  auto y = Bytes::alloc_async(*pool, 4 * MiB, s);
+  auto z = Bytes::alloc_async(*pool, 4 * MiB, s);
+  REQUIRE(z.data() == x.data() + 8 * MiB);
+  y.reset();
+  pool->trim();
+  // The first call succeeds, the second fails.
+  pool.device->after_next(Call::vm_set_access,
+                          [&] { fake.fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue); });
   try {
     pool->grant_access(1);
     FAIL("the grant succeeded");
@@ -154,11 +162,13 @@ TEST_CASE("a grant that fails half way can be made again, and later growths wait
     CHECK(e.cuda_error() == cudaErrorInvalidValue);
     CHECK_THAT(e.what(), Catch::Contains("cuMemSetAccess"));
   }
+  CHECK(fake.accessible_from(x.data(), 1) != fake.accessible_from(z.data(), 1));  // half way
   // Not granted: a growth now is device 0's alone.
   auto growth = Bytes::alloc_async(*pool, 30 * MiB, s);
   CHECK_FALSE(fake.accessible_from(growth.data(), 1));
   pool->grant_access(1);
-  for (const Bytes& b : held) CHECK(fake.accessible_from(b.data(), 1));
+  CHECK(fake.accessible_from(x.data(), 1));
+  CHECK(fake.accessible_from(z.data(), 1));
   CHECK(fake.accessible_from(growth.data(), 1));
 }
 

@@ -42,8 +42,10 @@ def rank_main(args):
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)  # no allocation yet: the allocator can still be installed
+    # The allocator first: torch.cuda.set_device initializes CUDA, after which PyTorch's
+    # allocator can no longer be replaced.
     torch_check.setup(args.route, args.seed)
+    torch.cuda.set_device(rank)
     try:
         dist.init_process_group("nccl", rank=rank, world_size=world,
                                 device_id=torch.device("cuda", rank))
@@ -92,27 +94,33 @@ def free_port():
 def run_world(args, route):
     """One training run: a process per GPU, all with `route`. A list of the ranks' results."""
     port = free_port()
-    outs, procs = [], []
+    outs, logs, procs = [], [], []
     start = time.time()
     for rank in range(args.gpus):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             outs.append(f.name)
+        # Output to a file, not a pipe: a rank blocked on a full pipe would stall the others in
+        # their collectives.
+        logs.append(tempfile.TemporaryFile(mode="w+"))
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.gpus), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    CUBLAS_WORKSPACE_CONFIG=":4096:8")
         command = [sys.executable, os.path.abspath(__file__), "--rank-of", route,
                    "--out", outs[-1], "--seed", str(args.seed), "--steps", str(args.steps),
                    "--seq", str(args.seq), "--gpt2-batch", str(args.gpt2_batch)]
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results = []
-    for rank, (proc, out) in enumerate(zip(procs, outs)):
+        procs.append(subprocess.Popen(command, env=env, stdout=logs[-1],
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = start + args.timeout  # for the whole world, not each rank in turn
+    for proc in procs:
         try:
-            stdout, stderr = proc.communicate(timeout=args.timeout)
+            proc.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            stdout, stderr = proc.communicate()
+            proc.wait()
+    results = []
+    for rank, (proc, out, log) in enumerate(zip(procs, outs, logs)):
+        proc.wait()
         result = {"route": route, "rank": rank, "returncode": proc.returncode}
         try:
             with open(out) as f:
@@ -122,8 +130,10 @@ def run_world(args, route):
         finally:
             if os.path.exists(out):
                 os.unlink(out)
+        log.seek(0)
         if proc.returncode != 0 or "losses" not in result:
-            result["error"] = (stderr or stdout or "")[-2000:]
+            result["error"] = log.read()[-2000:]
+        log.close()
         results.append(result)
     print(f"# {route}: {args.gpus} rank(s), {time.time() - start:.1f} s, return codes "
           f"{[r['returncode'] for r in results]}", file=sys.stderr)

@@ -53,8 +53,12 @@ class STREAMPOOL_API Device {
 
   // This device's ordinal (cudaGetDevice numbering).
   virtual int ordinal() const noexcept = 0;
-  // This device alone, as vm_set_access's mask of devices.
-  std::uint64_t own_access() const noexcept { return std::uint64_t{1} << ordinal(); }
+  // This device alone, as vm_set_access's mask of devices (none for an ordinal a mask cannot
+  // name: CUDA's are below 64).
+  std::uint64_t own_access() const noexcept {
+    const int d = ordinal();
+    return d >= 0 && d < 64 ? std::uint64_t{1} << d : 0;
+  }
 
   // Whether the device wants the pool's notifications (device_calls.def, the last section). A
   // pool asks once, when it is constructed, and makes none when the answer is no, so that a

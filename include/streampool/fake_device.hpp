@@ -83,6 +83,8 @@ namespace streampool {
 class STREAMPOOL_API FakeDevice final : public Device {
  public:
   struct Options {
+    // 0 to 63 (a mask of devices has a bit for each, as for vm_set_access); the constructor
+    // throws std::invalid_argument for others.
     int ordinal = 0;
     // Device memory capacity in bytes; malloc fails past it.
     std::size_t capacity = std::size_t{80} << 30;

@@ -95,12 +95,15 @@ class STREAMPOOL_API MemoryPool {
   // already handed out and every later one (as cudaMemPoolSetAccess gives a peer a
   // cudaMallocAsync pool's memory; cudaDeviceEnablePeerAccess alone does not reach memory the
   // pool maps with expandable segments). It enables `device`'s peer access to the pool's device
-  // (cudaDeviceEnablePeerAccess, made with `device` current, which the caller's thread keeps:
-  // for memory from cudaMalloc, all of the device's) and gives each of the pool's mappings read
-  // and write access for `device`. The pool's own device: nothing to do. Throws Error:
-  // invalid_value for an ordinal out of range, a device error where CUDA refuses (a device that
-  // cannot reach the pool's: cudaDeviceCanAccessPeer says no), capture_forbids_call during a
-  // capture that forbids cudaMalloc. Granting twice is granting once; nothing takes it back.
+  // (cudaDeviceEnablePeerAccess, made with `device` current and the caller's current device
+  // restored after: for memory from cudaMalloc, all of the device's) and gives each of the
+  // pool's mappings read and write access for `device`. The pool's own device: nothing to do.
+  // Throws Error: invalid_value for an ordinal below 0 or above 63, CUDA's error where it
+  // refuses (a device that does not exist, or cannot reach the pool's: cudaDeviceCanAccessPeer
+  // says no), capture_forbids_call during a capture that forbids cudaMalloc. Granting twice is
+  // granting once; nothing takes it back. Order a peer's use of a buffer before the buffer's
+  // drop with an event the buffer's stream waits on (record_stream names streams of the pool's
+  // device).
   void grant_access(int device);
 
   PoolStats stats() const;

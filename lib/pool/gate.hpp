@@ -36,6 +36,7 @@ struct StreamState;
 // Calls a capture under way may refuse.
 enum class Restricted {
   malloc,        // cudaMalloc: refused by a global capture anywhere, or a thread-local one here
+                 // (cudaDeviceEnablePeerAccess, of MemoryPool::grant_access, taken as alike)
   event_wait,    // cudaEventQuery, cudaEventSynchronize on outside events: likewise
   stream_sync,   // cudaStreamSynchronize of a stream not capturing: likewise
   free,          // cudaFree: it synchronizes the device, so never during any capture

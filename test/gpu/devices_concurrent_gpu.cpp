@@ -6,10 +6,10 @@
 // kernel on the same stream or on the thread's second stream (ordered by an event, with
 // record_stream); a block handed out while its last owner's kernels may run shows as corrupted
 // words. The memory of every buffer is asked of CUDA (cudaPointerGetAttributes): it must lie on
-// the pool's device. Peer access between the devices off, then on: enabled both ways, each pool
-// granting the other GPU its memory (MemoryPool::grant_access), and a quarter of the checks run
-// on a stream of the other GPU, reading the buffer across (the buffer's stream waits for that
-// read before the drop).
+// the pool's device. Peer access between the devices off, then on: each pool granting the other
+// GPU its memory (MemoryPool::grant_access, which enables the devices' peer access), and a
+// quarter of the buffers read across as well, by a kernel on a stream of the other GPU (the
+// buffer's stream waits for that read before the drop).
 //
 // STREAMPOOL_GPU_SECONDS sets each run's length (default 2 s a run; issue 13 asks for minutes on
 // two GPUs: tools/gpu-check.sh, stage two-gpu). With one GPU the same threads share two pools of
@@ -75,27 +75,26 @@ void work(streampool::MemoryPool& pool, int device, int elsewhere, int peer, uns
     }
     return true;
   };
-  if (!check(cudaSetDevice(device), "cudaSetDevice")) return;
   cudaStream_t first = nullptr;
   cudaStream_t second = nullptr;
   cudaEvent_t written = nullptr;
-  if (!check(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking), "cudaStreamCreate") ||
-      !check(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), "cudaStreamCreate") ||
-      !check(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), "cudaEventCreate")) {
-    return;
-  }
   cudaStream_t remote = nullptr;  // the peer's
   cudaEvent_t read = nullptr;     // the peer's, after its read
-  if (peer >= 0 && (!check(cudaSetDevice(peer), "cudaSetDevice") ||
-                    !check(cudaStreamCreateWithFlags(&remote, cudaStreamNonBlocking),
-                           "cudaStreamCreate") ||
-                    !check(cudaEventCreateWithFlags(&read, cudaEventDisableTiming),
-                           "cudaEventCreate") ||
-                    !check(cudaSetDevice(device), "cudaSetDevice"))) {
-    return;
+  bool ready = check(cudaSetDevice(device), "cudaSetDevice") &&
+               check(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking),
+                     "cudaStreamCreate") &&
+               check(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking),
+                     "cudaStreamCreate") &&
+               check(cudaEventCreateWithFlags(&written, cudaEventDisableTiming),
+                     "cudaEventCreate");
+  if (ready && peer >= 0) {
+    ready = check(cudaSetDevice(peer), "cudaSetDevice") &&
+            check(cudaStreamCreateWithFlags(&remote, cudaStreamNonBlocking), "cudaStreamCreate") &&
+            check(cudaEventCreateWithFlags(&read, cudaEventDisableTiming), "cudaEventCreate") &&
+            check(cudaSetDevice(device), "cudaSetDevice");
   }
   std::mt19937_64 random(seed);
-  for (std::uint64_t i = 0; std::chrono::steady_clock::now() < until; ++i) {
+  for (std::uint64_t i = 0; ready && std::chrono::steady_clock::now() < until; ++i) {
     // 4 KiB to 8 MiB, odd word counts: both tiers, sizes no class fits exactly.
     const std::size_t words = (1024 + random() % ((std::size_t{2} << 20) - 1024)) | 1;
     const auto tag = static_cast<std::uint32_t>(0x9E3779B1u * (seed * 0x10001u + i + 1));
@@ -153,28 +152,28 @@ void work(streampool::MemoryPool& pool, int device, int elsewhere, int peer, uns
     if (!launched) break;
     buffers.fetch_add(1, std::memory_order_relaxed);
   }
-  cudaSetDevice(device);
-  check(cudaStreamSynchronize(first), "cudaStreamSynchronize");
-  check(cudaStreamSynchronize(second), "cudaStreamSynchronize");
-  if (remote != nullptr) {
+  if (remote != nullptr || read != nullptr) {
     cudaSetDevice(peer);
-    check(cudaStreamSynchronize(remote), "cudaStreamSynchronize");
-    cudaEventDestroy(read);
-    cudaStreamDestroy(remote);
-    cudaSetDevice(device);
+    if (remote != nullptr) check(cudaStreamSynchronize(remote), "cudaStreamSynchronize");
+    if (read != nullptr) cudaEventDestroy(read);
+    if (remote != nullptr) cudaStreamDestroy(remote);
   }
-  cudaSetDevice(elsewhere);
-  pool.release_stream(first);
-  pool.release_stream(second);
-  current_is(elsewhere);
   cudaSetDevice(device);
-  cudaEventDestroy(written);
-  cudaStreamDestroy(first);
-  cudaStreamDestroy(second);
+  for (cudaStream_t stream : {first, second}) {
+    if (stream == nullptr) continue;
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    cudaSetDevice(elsewhere);
+    pool.release_stream(stream);
+    current_is(elsewhere);
+    cudaSetDevice(device);
+    cudaStreamDestroy(stream);
+  }
+  if (written != nullptr) cudaEventDestroy(written);
 }
 
-// Enables (or disables) peer access between devices 0 and 1 both ways; false where they cannot.
-bool set_peer_access(bool on) {
+// Disables peer access between devices 0 and 1 both ways (where it was on); false where the
+// two cannot reach each other at all.
+bool disable_peer_access() {
   int can01 = 0;
   int can10 = 0;
   if (cudaDeviceCanAccessPeer(&can01, 0, 1) != cudaSuccess ||
@@ -183,10 +182,9 @@ bool set_peer_access(bool on) {
   }
   for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
     REQUIRE(cudaSetDevice(from) == cudaSuccess);
-    const cudaError_t status = on ? cudaDeviceEnablePeerAccess(to, 0) : cudaDeviceDisablePeerAccess(to);
-    REQUIRE((status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled ||
-             status == cudaErrorPeerAccessNotEnabled));
-    cudaGetLastError();  // the two "already" answers are sticky in the runtime's last error
+    const cudaError_t status = cudaDeviceDisablePeerAccess(to);
+    REQUIRE((status == cudaSuccess || status == cudaErrorPeerAccessNotEnabled));
+    cudaGetLastError();  // "not enabled" is sticky in the runtime's last error
   }
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   return true;
@@ -199,16 +197,21 @@ TEST_CASE("gpu: one pool per device, threads of every device at once", "[pool][g
   // Two pools: of devices 0 and 1, or both of device 0 on a machine of one GPU.
   const std::vector<int> devices = gpus >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
   if (gpus < 2) WARN("one GPU: two pools of device 0; memory on its own device needs two GPUs");
-  const bool peers = gpus >= 2 && set_peer_access(false);
+  const bool peers = gpus >= 2 && disable_peer_access();
 
-  for (const bool peer_access : {false, true}) {
+  // Peer access off; then granted by each pool to the other GPU (grant_access enables the
+  // devices' peer access itself), with expandable segments and with cudaMalloc segments.
+  for (const int run : {0, 1, 2}) {
+    const bool peer_access = run != 0;
     if (peer_access && !peers) continue;
-    DYNAMIC_SECTION("peer access " << (peer_access ? "on" : "off")) {
-      if (peer_access) REQUIRE(set_peer_access(true));
+    DYNAMIC_SECTION((run == 0   ? "peer access off"
+                     : run == 1 ? "peer access granted, expandable segments"
+                                : "peer access granted, cudaMalloc segments")) {
       std::vector<std::unique_ptr<streampool::MemoryPool>> pools;
       std::vector<unsigned long long*> mismatches;
       for (const int d : devices) {
         streampool::PoolOptions options;  // the defaults, and STREAMPOOL_CONF
+        if (run == 2) options.expandable_segments = false;
         pools.push_back(std::make_unique<streampool::MemoryPool>(
             std::make_shared<streampool::CudaDevice>(d), options));
         REQUIRE(cudaSetDevice(d) == cudaSuccess);
@@ -270,7 +273,7 @@ TEST_CASE("gpu: one pool per device, threads of every device at once", "[pool][g
       CHECK(found.wrong_memory_device == 0);
       CHECK(corrupted == 0);
       pools.clear();
-      if (peer_access) set_peer_access(false);
+      if (peer_access) disable_peer_access();
     }
   }
 }
