@@ -31,6 +31,28 @@ streampool::PoolOptions options_with(bool expandable) {
   options.expandable_segments = expandable;
   return options;
 }
+
+// Two mappings of one reservation with a hole between them, where a third was unmapped: two
+// runs of mappings, so that a grant makes two calls.
+struct RunsApart {
+  Bytes x;
+  Bytes z;
+  const void* hole = nullptr;
+};
+template <class Pool>
+RunsApart runs_apart(Pool& pool, cudaStream_t s) {
+  RunsApart made;
+  made.x = Bytes::alloc_async(*pool, 4 * MiB, s);
+  auto y = Bytes::alloc_async(*pool, 4 * MiB, s);
+  made.z = Bytes::alloc_async(*pool, 4 * MiB, s);
+  REQUIRE(y.data() == made.x.data() + 4 * MiB);  // one reservation, three mappings
+  REQUIRE(made.z.data() == y.data() + 4 * MiB);
+  made.hole = y.data();
+  y.reset();
+  pool->trim();  // unmaps y's mapping: x's and z's are apart
+  REQUIRE(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(8 * MiB));
+  return made;
+}
 }  // namespace
 
 TEST_CASE("grant_access gives a peer every block, those handed out before and after") {
@@ -91,21 +113,13 @@ TEST_CASE("grant_access reaches the mappings on both sides of an unmapped hole")
   PoolOnFake pool(options_with(true), with_peer());
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
-  auto x = Bytes::alloc_async(*pool, 4 * MiB, s);
-  auto y = Bytes::alloc_async(*pool, 4 * MiB, s);
-  auto z = Bytes::alloc_async(*pool, 4 * MiB, s);
-  REQUIRE(y.data() == x.data() + 4 * MiB);  // one reservation, three mappings
-  REQUIRE(z.data() == y.data() + 4 * MiB);
-  const void* hole = y.data();
-  y.reset();
-  pool->trim();  // unmaps y's mapping: x's and z's are apart
-  REQUIRE(pool->stats().reserved_bytes.current == static_cast<std::int64_t>(8 * MiB));
+  const RunsApart made = runs_apart(pool, s);
   const auto calls = fake.calls(Call::vm_set_access);
   pool->grant_access(1);
   CHECK(fake.calls(Call::vm_set_access) - calls == 2);
-  CHECK(fake.accessible_from(x.data(), 1));
-  CHECK(fake.accessible_from(z.data(), 1));
-  CHECK_FALSE(fake.accessible_from(hole, 1));  // nothing mapped there
+  CHECK(fake.accessible_from(made.x.data(), 1));
+  CHECK(fake.accessible_from(made.z.data(), 1));
+  CHECK_FALSE(fake.accessible_from(made.hole, 1));  // nothing mapped there
 }
 
 TEST_CASE("grant_access refuses what CUDA refuses, and its own device needs nothing") {
@@ -145,14 +159,10 @@ TEST_CASE("a grant that fails half way can be made again, and later growths wait
   HookedPool pool(options_with(true), with_peer());
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
-  // Two runs of mappings apart (the middle one unmapped): the grant makes two calls.
-  auto x = Bytes::alloc_async(*pool, 4 * MiB, s);
-  auto y = Bytes::alloc_async(*pool, 4 * MiB, s);
-  auto z = Bytes::alloc_async(*pool, 4 * MiB, s);
-  REQUIRE(z.data() == x.data() + 8 * MiB);
-  y.reset();
-  pool->trim();
-  // The first call succeeds, the second fails.
+  const RunsApart made = runs_apart(pool, s);
+  const Bytes& x = made.x;
+  const Bytes& z = made.z;
+  // The first of the grant's two calls succeeds, the second fails.
   pool.device->after_next(Call::vm_set_access,
                           [&] { fake.fail_next(Call::vm_set_access, 1, cudaErrorInvalidValue); });
   try {

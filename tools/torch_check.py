@@ -106,6 +106,32 @@ def make_model(name, args):
     return model, batch, loss_of
 
 
+def train(model, batch, loss_of, steps, generator):
+    """`steps` AdamW steps of `model` on batches from `batch`: each step's loss, and its seconds
+    (from a synchronized start to the loss on the host)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    losses, times = [], []
+    for step in range(steps):
+        inputs, labels = batch(step, generator)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model, inputs, labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # synchronizes
+        times.append(time.perf_counter() - start)
+        del inputs, labels, loss
+    return losses, times
+
+
+def median_step_ms(times):
+    """The median step past the first ten (warm-up), in milliseconds."""
+    return 1000 * statistics.median(times[min(10, len(times) - 1):])
+
+
 def job_train(args):
     import torch
 
@@ -113,24 +139,22 @@ def job_train(args):
     context = _pool_context(mem_pool)
     with context:
         model, batch, loss_of = make_model(args.model, args)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         generator = torch.Generator().manual_seed(args.seed + 1)
-        losses, times = [], []
-        for step in range(args.steps):
-            inputs, labels = batch(step, generator)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_of(model, inputs, labels)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())  # synchronizes
-            times.append(time.perf_counter() - start)
-            del inputs, labels, loss
-    result = {"losses": losses,
-              "median_step_ms": 1000 * statistics.median(times[min(10, len(times) - 1):])}
+        losses, times = train(model, batch, loss_of, args.steps, generator)
+    result = {"losses": losses, "median_step_ms": median_step_ms(times)}
     result.update(peak_reserved(args.route))
     return result
+
+
+def core_library_missing():
+    """True (and says so) where libstreampool_torch.so was not built."""
+    import streampool_torch
+
+    if streampool_torch.find_library(streampool_torch.CORE_LIBRARY) is not None:
+        return False
+    print("libstreampool_torch.so not found: build the target streampool_torch first",
+          file=sys.stderr)
+    return True
 
 
 def _pool_context(mem_pool):
@@ -345,9 +369,7 @@ def main():
 
     import streampool_torch
 
-    if streampool_torch.find_library(streampool_torch.CORE_LIBRARY) is None:
-        print("libstreampool_torch.so not found: build the target streampool_torch first",
-              file=sys.stderr)
+    if core_library_missing():
         return 1
     have_hooks = streampool_torch.find_library(streampool_torch.HOOKS_LIBRARY) is not None
     # Route 1 trains with the hooks where they were built, else plain.

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,27 +52,16 @@ def rank_main(args):
         dist.init_process_group("nccl", rank=rank, world_size=world)
     model, batch, loss_of = torch_check.make_model("gpt2", args)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(args.seed + 1 + 1000 * rank)
-    losses, times = [], []
-    for step in range(args.steps):
-        inputs, labels = batch(step, generator)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(model, inputs, labels)
-        loss.backward()  # DDP's all-reduce of the gradients, on NCCL's streams
-        optimizer.step()
-        losses.append(loss.item())  # synchronizes
-        times.append(time.perf_counter() - start)
-        del inputs, labels, loss
+    # DDP's all-reduce of the gradients runs in each step's backward, on NCCL's streams.
+    losses, times = torch_check.train(model, batch, loss_of, args.steps, generator)
     # Every rank has the same weights after DDP's averaged steps: a checksum shows it.
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     sums = torch.tensor([checksum], dtype=torch.float64, device="cuda")
     gathered = [torch.zeros_like(sums) for _ in range(world)]
     dist.all_gather(gathered, sums)
     result = {"rank": rank, "world": world, "losses": losses,
-              "median_step_ms": 1000 * statistics.median(times[min(10, len(times) - 1):]),
+              "median_step_ms": torch_check.median_step_ms(times),
               "weights_checksums": [float(g.item()) for g in gathered],
               "nccl_version": str(torch.cuda.nccl.version())}
     result.update(torch_check.peak_reserved(args.route))
@@ -167,9 +155,9 @@ def main():
     import streampool_torch
     import torch
 
-    if streampool_torch.find_library(streampool_torch.CORE_LIBRARY) is None:
-        print("libstreampool_torch.so not found: build the target streampool_torch first",
-              file=sys.stderr)
+    import torch_check
+
+    if torch_check.core_library_missing():
         return 1
     available = torch.cuda.device_count()
     if args.gpus == 0:
