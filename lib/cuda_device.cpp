@@ -209,7 +209,7 @@ cudaError_t CudaDevice::enable_peer_access(int peer) noexcept {
   return on_device(peer, [&] {
     const cudaError_t status = cudaDeviceEnablePeerAccess(ordinal_, 0);
     if (status != cudaErrorPeerAccessAlreadyEnabled) return status;
-    cudaGetLastError();  // the runtime keeps that answer as the thread's last error: not an error here
+    cudaGetLastError();  // the runtime keeps that answer as the thread's last error: not one here
     return cudaSuccess;
   });
 }

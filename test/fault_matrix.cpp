@@ -803,7 +803,8 @@ TEST_CASE("the fault matrix fails every kind of device call: in the scenarios, o
 // grant. grant_access gives the peer one cuMemSetAccess over a run of adjacent mappings; trim then
 // unmaps the middle mapping of that run. The record must say the hole is not live memory (else a
 // buffer the pool handed out there would pass the matrix's check).
-TEST_CASE("fault matrix record: a mapping unmapped inside a run a grant gave the peer is not live") {
+TEST_CASE("fault matrix record: a mapping unmapped inside a run a grant gave the peer is not "
+          "live") {
   FakeDevice::Options device_options;
   device_options.peers = 0b10;
   auto fake = std::make_shared<FakeDevice>(device_options);

@@ -74,7 +74,8 @@ int main() {
   // guide-end
   expect(fakes[0]->accessible_from(shared.data(), 1) && fakes[0]->accessible_from(on_0.data(), 1),
          "device 1 reaches pool0's memory once granted");
-  expect(!fakes[1]->accessible_from(on_1.data(), 0), "device 0 does not reach pool1's: not granted");
+  expect(!fakes[1]->accessible_from(on_1.data(), 0),
+         "device 0 does not reach pool1's memory: not granted");
   shared.reset();
 
   expect(pool0->device().ordinal() == 0 && pool1->device().ordinal() == 1,
