@@ -9,6 +9,9 @@
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
+#include <atomic>
+#include <random>
+#include <thread>
 #include <vector>
 
 using streampool::Errc;
@@ -200,4 +203,60 @@ TEST_CASE("grant_access is refused during a capture that forbids cudaMalloc") {
   pool->grant_access(1);  // after it: granted
   auto b = Bytes::alloc_async(*pool, 3 * MiB, s);
   CHECK(fake.accessible_from(b.data(), 1));
+}
+
+// A grant while other threads grow and trim: every block handed out after grant_access returned
+// is the peer's (a growth that read the devices before the grant took the growth mutex would
+// map memory the grant's walk had not seen yet, or had already passed).
+TEST_CASE("a grant while threads grow: every block handed out after it is the peer's") {
+  PoolOnFake pool(options_with(true), with_peer());
+  FakeDevice& fake = pool.fake();
+  constexpr int threads = 4;
+  constexpr int rounds_after = 200;  // each thread's allocations once the grant is made
+  std::atomic<bool> granted{false};
+  std::atomic<int> made{0};
+  std::atomic<int> checked{0};
+  std::atomic<int> missing{0};
+  std::atomic<int> failed{0};
+  std::vector<cudaStream_t> streams;
+  for (int t = 0; t < threads; ++t) streams.push_back(fake.create_stream());
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 random(static_cast<unsigned>(t + 1));
+      std::vector<Bytes> held;
+      for (int after_rounds = 0, r = 0; after_rounds < rounds_after; ++r) {
+        const bool after = granted.load();
+        std::error_code error;
+        auto b = Bytes::try_alloc_async(*pool, (1 + random() % 24) * MiB + random() % 4096,
+                                        streams[t], error);
+        if (error) {
+          ++failed;
+          return;
+        }
+        ++made;
+        if (after) {
+          ++after_rounds;
+          ++checked;
+          if (!fake.accessible_from(b.data(), 1) ||
+              !fake.accessible_from(b.data() + b.byte_size() - 1, 1)) {
+            ++missing;
+          }
+        }
+        held.push_back(std::move(b));
+        if (held.size() > 4) held.erase(held.begin());
+        if (t == 0 && r % 50 == 49) pool->trim();  // mappings go and come back
+      }
+    });
+  }
+  // Granted once the threads are under way, while they grow, reuse and trim.
+  while (made.load() < 100 && failed.load() == 0) std::this_thread::yield();
+  pool->grant_access(1);
+  granted = true;
+  for (auto& w : workers) w.join();
+  CHECK(failed == 0);
+  CHECK(checked == threads * rounds_after);
+  CHECK(missing == 0);
+  fake.complete_all();
+  CHECK(fake.hazards().empty());
 }
