@@ -210,7 +210,9 @@ TEST_CASE("gpu: one pool per device, threads of every device at once", "[pool][g
       std::vector<std::unique_ptr<streampool::MemoryPool>> pools;
       std::vector<unsigned long long*> mismatches;
       for (const int d : devices) {
-        streampool::PoolOptions options;  // the defaults, and STREAMPOOL_CONF
+        streampool::PoolOptions options;  // the defaults (not STREAMPOOL_CONF: the runs say
+        options.read_environment = false;  // which segments they use)
+        options.stats_granule = 0;         // exact live counts, checked below
         if (run == 2) options.expandable_segments = false;
         pools.push_back(std::make_unique<streampool::MemoryPool>(
             std::make_shared<streampool::CudaDevice>(d), options));
