@@ -11,7 +11,7 @@
 #                                     steps per run, 200 by default; TORCH_MODELS: gpt2,resnet50),
 #                                     torch-ddp (tools/torch_ddp.py: GPT-2 under DDP over NCCL,
 #                                     a process per GPU), two-gpu (a pool per GPU under
-#                                     concurrent use: DEVICES_SECONDS a run, 120 by default),
+#                                     concurrent use: DEVICES_SECONDS a run, 60 by default),
 #                                     ab (this tree's bench against an older tree's, AB_OLD),
 #                                     replay-ab (cold replays of the traces in .traces and the
 #                                     embedded workloads, device calls timed, against the
@@ -262,10 +262,10 @@ if want torch-ddp && [ -e "$torch_build/torch/libstreampool_torch.so" ]; then
 fi
 # Issue 13's first half: a pool per GPU under threads of every GPU at once, real kernels, the
 # caller's current device another's during each pool call, peer access off and on
-# (test/gpu/devices_concurrent_gpu.cpp), for DEVICES_SECONDS a run (120 by default); then
-# compute-sanitizer's memcheck on a short run of it.
+# (test/gpu/devices_concurrent_gpu.cpp), for DEVICES_SECONDS a run (60 by default; three runs),
+# then compute-sanitizer's memcheck on a short run of it.
 if want two-gpu; then
-  STREAMPOOL_GPU_SECONDS=${DEVICES_SECONDS:-120} stage devices "$gpu_tests" "[devices]"
+  STREAMPOOL_GPU_SECONDS=${DEVICES_SECONDS:-60} stage devices "$gpu_tests" "[devices]"
   STREAMPOOL_GPU_SECONDS=3 stage devices-memcheck compute-sanitizer --tool memcheck \
     --error-exitcode 1 "$gpu_tests" "[devices]"
 fi

@@ -98,14 +98,23 @@ def run_world(args, route):
                    "--seq", str(args.seq), "--gpt2-batch", str(args.gpt2_batch)]
         procs.append(subprocess.Popen(command, env=env, stdout=logs[-1],
                                       stderr=subprocess.STDOUT, text=True))
-    deadline = start + args.timeout  # for the whole world, not each rank in turn
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
+    # One deadline for the whole world; and a rank that fails ends it (after a grace for the
+    # others' own errors): its peers would block in their collectives until NCCL's watchdog.
+    deadline = start + args.timeout
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]  # every rank's, each time
+        if all(code is not None for code in codes):
+            break
+        now = time.time()
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = now
+        if now >= deadline or (failed_at is not None and now >= failed_at + 5):
             for p in procs:
-                p.kill()
-            proc.wait()
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
     results = []
     for rank, (proc, out, log) in enumerate(zip(procs, outs, logs)):
         proc.wait()

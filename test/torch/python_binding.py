@@ -35,6 +35,13 @@ def main():
         raise AssertionError("a fraction of 1.5 was taken")
     except RuntimeError as e:
         assert "(0, 1]" in str(e), e
+    # grant_access of a device whose pool cannot be made without a GPU: CUDA's reason; with a GPU,
+    # a peer that does not exist (63) is refused.
+    try:
+        streampool_torch.grant_access(0, 63)
+        raise AssertionError("device 63 was granted access")
+    except RuntimeError as e:
+        assert "streampool_torch_grant_access" in str(e), e
     print("python binding: 1 passed, 0 failed")
 
 
