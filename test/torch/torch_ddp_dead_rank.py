@@ -35,12 +35,12 @@ with tempfile.TemporaryDirectory() as fake:
     sys.path.insert(0, os.path.join(here, "..", "..", "tools"))
     import torch_ddp
 
-    args = types.SimpleNamespace(gpus=2, timeout=30.0, seed=1, steps=1, seq=8, gpt2_batch=1)
+    args = types.SimpleNamespace(gpus=2, timeout=60.0, seed=1, steps=1, seq=8, gpt2_batch=1)
     start = time.time()
     results = torch_ddp.run_world(args, "torch")
     took = time.time() - start
     print(f"run_world: {took:.1f} s, return codes {[r['returncode'] for r in results]}")
-    if took > 10:
+    if took > 20:  # 5 s of grace after the failure; the deadline is 60 s
         print("FAIL: the driver waited out the deadline after rank 1 had died")
         sys.exit(1)
     print("PASS")
