@@ -543,6 +543,47 @@ TEST_CASE("memory whose release the device refused stays counted reserved until 
   CHECK(static_cast<std::int64_t>(fake.live_bytes()) == reserved(*pool));
 }
 
+// Noticed in review (2026-12-07): the out-of-memory ladder's step that unmaps free mappings
+// counted an unmapped mapping whose handle the device refused to release as memory given back,
+// and the allocation tried again for nothing: the device still held every byte of it.
+TEST_CASE("the out-of-memory ladder does not try again after unmapping memory whose release the "
+          "device refused: the device holds it still") {
+  FakeDevice::Options small;
+  small.capacity = 64 * MiB;  // also the size of the pool's reservation
+  PoolOnFake pool(vm_options(), small);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  auto keep = Bytes::alloc_async(*pool, 4 * MiB, a);  // its mapping stays in use
+  { auto big = Bytes::alloc_async(*pool, 20 * MiB, a); }  // a mapping of its own, then free
+  fake.complete_all();
+  pool->trim(64 * MiB);  // the pool learns that big's fence completed, and keeps everything
+  REQUIRE(fake.live_vm_handles() == 2);
+  void* other = nullptr;  // another user of the device: 8 MiB are left
+  REQUIRE(fake.malloc(&other, 32 * MiB) == cudaSuccess);
+  // 40 MiB extends big's free range by 20 MiB in the hole after it (give-back keeps the range a
+  // growth extends). The ladder's unmapping step then unmaps big's mapping, whose release the
+  // device refuses: the 40 MiB a retry would map fit no better than the 20 before.
+  fake.fail_next(Call::vm_release, 100, cudaErrorInvalidValue);
+  const std::uint64_t creates = fake.calls(Call::vm_create);
+  const std::uint64_t reservations = fake.calls(Call::vm_reserve);
+  std::error_code error;
+  auto failed = Bytes::try_alloc_async(*pool, 40 * MiB, a, error);
+  CHECK(failed.is_empty());
+  CHECK(error == Errc::out_of_memory);
+  REQUIRE(fake.calls(Call::vm_reserve) == reservations);  // every try in the first reservation
+  CHECK(fake.calls(Call::vm_unmap) == 1);
+  CHECK(fake.live_vm_handles() == 2);  // unmapped, but still the pool's
+  // The first try, then one after each step that can have made room: the queues drained
+  // (step 0), the device synchronized (step 2), and the last try (step 3); none after step 1,
+  // which gave the device nothing back.
+  CHECK(fake.calls(Call::vm_create) - creates == 4);
+  fake.fail_next(Call::vm_release, 0);
+  pool->trim(0);
+  CHECK(fake.live_vm_handles() == 1);
+  CHECK(reserved(*pool) == static_cast<std::int64_t>(4 * MiB));
+  CHECK(fake.free(other) == cudaSuccess);
+}
+
 // Found in review (2026-12-05): such a handle was tried again at the pool's destruction only
 // through the segment it had been mapped in, once. Where the trim that was refused had also given
 // that segment's (now empty) reservation back, nothing tried it again, and where the retry at

@@ -396,18 +396,18 @@ bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
   const Kept kept = kept_by(plan);
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
   const std::size_t keep = reserved > plan.bytes ? reserved - plan.bytes : 0;
-  std::size_t released = 0;
+  std::size_t unmapped = 0;
   bool moved = false;  // memory of a home kept for another stream
   for (const auto& segment : segments_) {
     if (!segment->expandable) continue;
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= keep) break;
-    const std::size_t here = unmap_free(*segment, keep, kept);
+    const std::size_t here = unmap_free(*segment, keep, kept).bytes;
     moved = moved || (here > 0 && s != nullptr && segment.get() != plan.hole->segment &&
                       kept_for_other(*segment, s));
-    released += here;
+    unmapped += here;
   }
   if (moved) ++moves_;
-  return released > 0;
+  return unmapped > 0;
 }
 
 bool LargeTier::strands_own(const Plan& plan, const Unmappable& found) const noexcept {
@@ -489,10 +489,10 @@ LargeTier::Kept LargeTier::kept_by(const Plan& plan) noexcept {
   return {extended->ptr, extended->ptr + extended->size};
 }
 
-std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
-                                  Kept kept) noexcept {
+LargeTier::Unmapped LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
+                                          Kept kept) noexcept {
   Device& device = pool_.device();
-  std::size_t released = 0;
+  Unmapped done;
   Block* r = segment.first;
   for (std::size_t i = 0; i < segment.mappings.size();) {
     if (static_cast<std::size_t>(pool_.stats_reserved()) <= bytes_to_keep) break;
@@ -544,11 +544,14 @@ std::size_t LargeTier::unmap_free(Segment& segment, std::size_t bytes_to_keep,
     while (r->after != nullptr && r->after->hole) absorb_next(r);
     segment.mapped -= m.size;
     segment.mappings[i++].size = 0;  // erased below, all at once
-    if (handle_released) pool_.count_device_free(m.size);
-    released += m.size;
+    done.bytes += m.size;
+    if (handle_released) {
+      pool_.count_device_free(m.size);
+      done.returned += m.size;
+    }
   }
   std::erase_if(segment.mappings, [](const Mapping& m) { return m.size == 0; });
-  return released;
+  return done;
 }
 
 Failure LargeTier::grant(int peer) noexcept {

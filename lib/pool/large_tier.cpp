@@ -683,7 +683,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
     Segment& segment = *segments_[i];
     Block* range = segment.first;
     if (segment.expandable) {
-      if (!enough) released += unmap_free(segment, bytes_to_keep, Kept{});
+      if (!enough) released += unmap_free(segment, bytes_to_keep, Kept{}).returned;
       // Nothing mapped: the addresses go back too.
       if (segment.mapped == 0 && calls_allowed(Restricted::free) &&
           device.vm_unreserve(segment.base, segment.size) == cudaSuccess) {

@@ -304,8 +304,13 @@ class LargeTier {
   // or is deleted where nothing remains. [growth_mutex_, mutex_]
   void split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept;
   // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
-  // that overlaps `kept`; the bytes unmapped. [growth_mutex_, mutex_]
-  std::size_t unmap_free(Segment& segment, std::size_t bytes_to_keep, Kept kept) noexcept;
+  // that overlaps `kept`. [growth_mutex_, mutex_]
+  struct Unmapped {
+    std::size_t bytes = 0;     // unmapped: holes now
+    std::size_t returned = 0;  // of those, back to the device (a handle it refused to release
+                               // is still the pool's memory, counted reserved: unreleased_)
+  };
+  Unmapped unmap_free(Segment& segment, std::size_t bytes_to_keep, Kept kept) noexcept;
   // The whole mappings that lie each in one free range outside `kept` (what give-back may
   // unmap once their ranges are covered), found through the indexes: only a free range of a
   // granule or more can hold a mapping, and a cold pool grows hundreds of times, where a walk
