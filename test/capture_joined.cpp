@@ -562,6 +562,49 @@ TEST_CASE("a buffer two captures use is kept until both CapturePools have gone")
   check_replay_keeps(pool, kept, kept_on, other, bytes, x_at);
 }
 
+// Noticed in review (2026-12-07): the drop kept at most eight captures' bindings; a ninth
+// capture's use was left out, and the buffer went back to the pool once the first eight had
+// gone while the ninth graph still read it.
+TEST_CASE("a buffer that more captures use than a drop keeps room for is kept until every "
+          "CapturePool has gone") {
+  constexpr int captures = 10;
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = true;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t home = fake.create_stream("home");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, home);
+  write_on(fake, home, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+  std::vector<cudaStream_t> origins;
+  std::vector<std::shared_ptr<CapturePool>> pools;
+  for (int i = 0; i < captures; ++i) {
+    origins.push_back(fake.create_stream());
+    pools.push_back(std::make_shared<CapturePool>(*pool));
+    streampool::begin_capture_with_pool(pools.back(), origins.back(), CaptureMode::relaxed);
+  }
+  for (int i = 0; i < captures; ++i) {
+    x.record_stream(origins[i]);
+    fake.launch(origins[i], {{x.data(), bytes, false}}, {}, "a graph reads x");
+  }
+  x.reset();  // during every capture
+  std::vector<CapturedGraph> graphs;
+  for (int i = 0; i < captures; ++i) {
+    graphs.push_back(streampool::end_capture_with_pool(origins[i], pools[i]));
+  }
+  pools.clear();
+  // Every graph but the last begun goes, oldest first; the last still replays.
+  for (int i = 0; i + 1 < captures; ++i) graphs[i] = CapturedGraph();
+  streampool::complete_graph_releases();
+  cudaStream_t kept_on = origins.back();
+  { auto fenced = Bytes::alloc_async(*pool, 256, kept_on); }  // a fence there, after its capture
+  wait_for(fake, kept_on, home);
+  check_replay_keeps(pool, graphs.back(), kept_on, other, bytes, x_at);
+}
+
 // Found in review, 2026-12-07: a buffer dropped in capture K (on K's stream) that record_stream
 // named a stream joined to capture O for. The streams joined to captures were asked only where no
 // candidate was found, and only until the first capture: K's binding was one, and O's graph was

@@ -5,8 +5,9 @@
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
-#include <algorithm>
 #include <array>
+#include <new>
+#include <vector>
 
 namespace streampool::detail {
 
@@ -150,26 +151,43 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // or else one such a stream joined. All of them: given to one only, the block went back to
   // the pool when that CapturePool went while another capture's graph still used it (found by
   // the model check and in review, 2026-12-06).
-  constexpr std::size_t most = 8;  // a drop names few streams (past this many, the first count)
+  // A drop names few streams: the first eight candidates in place, any more on the heap (noticed
+  // in review, 2026-12-07: past eight, the rest were left out, and the block went back to the
+  // pool while their graphs still used it). Only where the host has no memory for one more is a
+  // candidate left out (its graph then keeps no older adopter).
   struct Candidate {
     CaptureBinding* binding;
     std::size_t captured;  // which use is its capture's stream (0: the drop's own)
   };
-  std::array<Candidate, most> found{};
+  constexpr std::size_t in_place = 8;
+  std::array<Candidate, in_place> first{};
+  std::vector<Candidate> more;
   std::size_t count = 0;
+  const auto found = [&](std::size_t i) -> Candidate& {
+    return i < in_place ? first[i] : more[i - in_place];
+  };
   const auto add = [&](CaptureBinding* candidate, std::size_t captured) {
     if (candidate == nullptr) return;
     if (candidate == keeper) {  // its own capture's use is drop_piece's to weigh
       candidate->unref();
       return;
     }
-    const bool known = std::any_of(found.begin(), found.begin() + count,
-                                   [&](const Candidate& c) { return c.binding == candidate; });
-    if (known || count == most) {
-      candidate->unref();
+    for (std::size_t i = 0; i < count; ++i) {
+      if (found(i).binding == candidate) {
+        candidate->unref();
+        return;
+      }
+    }
+    if (count < in_place) {
+      first[count++] = {candidate, captured};
       return;
     }
-    found[count++] = {candidate, captured};
+    try {
+      more.push_back({candidate, captured});
+      ++count;
+    } catch (const std::bad_alloc&) {
+      candidate->unref();
+    }
   };
   add(binding, 0);
   // (The drop's stream asked again only where no capture it is bound to has it now.)
@@ -201,10 +219,10 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   Candidate* adopter = nullptr;
   CaptureBinding::Capture under_way;  // the adopter's capture, as seen when it was chosen
   for (std::size_t i = 0; i < count; ++i) {
-    const CaptureBinding::Capture capture = found[i].binding->capture();
+    const CaptureBinding::Capture capture = found(i).binding->capture();
     if (!capture.active) continue;
-    if (adopter == nullptr || found[i].binding->serial() < adopter->binding->serial()) {
-      adopter = &found[i];
+    if (adopter == nullptr || found(i).binding->serial() < adopter->binding->serial()) {
+      adopter = &found(i);
       under_way = capture;
     }
   }
@@ -212,14 +230,14 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     // The others keep the adopter before it adopts: its CapturePool may go on another thread
     // meanwhile, and give its adopted blocks up at once (found in review, 2026-12-07).
     for (std::size_t i = 0; i < count; ++i) {
-      if (&found[i] != adopter && found[i].binding->capture().active) {
+      if (&found(i) != adopter && found(i).binding->capture().active) {
         // Not kept (host out of memory): the block goes back when the adopter goes, as before.
-        static_cast<void>(found[i].binding->keep_binding(adopter->binding));
+        static_cast<void>(found(i).binding->keep_binding(adopter->binding));
       }
     }
     adopter->binding->adopt(block, uses, under_way, adopter->captured);
   }
-  for (std::size_t i = 0; i < count; ++i) found[i].binding->unref();
+  for (std::size_t i = 0; i < count; ++i) found(i).binding->unref();
   if (adopter == nullptr && keeper != nullptr) keeper->drop_piece(block, stream, uses);
   return adopter != nullptr || keeper != nullptr;
 }
