@@ -244,3 +244,40 @@ TEST_CASE("a drop between the caller's end of the capture and detach is ordinary
   INFO(first_hazard(fake));
   CHECK(fake.hazards().empty());
 }
+
+// Noticed in review (2026-12-07): detach_capture_with_pool while the caller's capture was still
+// under way (a framework giving up early, on its error path, before its own end) counted the
+// capture over at once, though CUDA still captured: a trim on another thread then synchronized
+// the device, which a global capture refuses, and the caller's end found its capture
+// invalidated.
+TEST_CASE("a detach before the caller's end leaves the capture counted until CUDA says it ended") {
+  const bool attached = GENERATE(true, false);
+  const bool per_thread = GENERATE(false, true);
+  CAPTURE(attached, per_thread);
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = per_thread ? cudaStreamPerThread : fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  { auto warm = Bytes::alloc_async(*pool, MiB, s); }  // something for a trim to give back
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  if (attached) REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the caller's end
+  const auto syncs = fake.calls(FakeDevice::Call::device_synchronize);
+  std::thread([&] { pool->trim(0); }).join();
+  CHECK(fake.calls(FakeDevice::Call::device_synchronize) == syncs);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  // Detached: the capture is no longer the pool's (an allocation on its stream is refused, as
+  // during any capture with no pool bound).
+  std::error_code error;
+  auto refused = Bytes::try_alloc_async(*pool, 1000, s, error);
+  CHECK(refused.is_empty());
+  CHECK(error == Errc::capture_without_pool);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  // Ended: seen at the next call the capture would have refused, on this thread (the only one
+  // that can ask about its per-thread stream).
+  pool->trim(0);
+  CHECK(fake.calls(FakeDevice::Call::device_synchronize) > syncs);
+}

@@ -233,7 +233,10 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // (an end on a joined stream is refused). An allocation or drop during
 // the capture before attach is not the pool's (it fails with capture_without_pool, or goes to the
 // shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
-// never throws. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
+// never throws; called while the stream still captures (a caller giving up before its own end),
+// it unbinds too, and no thread makes a call the capture would refuse until CUDA reports it ended
+// (the caller still ends it; another thread's cudaStreamPerThread cannot be asked, and is taken
+// as ended). The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
 // keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,

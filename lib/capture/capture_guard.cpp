@@ -36,7 +36,13 @@ struct Left {
   CaptureMode mode;
   std::thread::id thread;
   std::uint64_t token;
-  std::shared_ptr<Device> device;  // asked for the capture status of its per-thread stream
+  std::shared_ptr<Device> device;  // asked for the capture status of its stream
+  cudaStream_t stream;             // cudaStreamPerThread: the thread's (`token`) own
+  CaptureId id;                    // of an explicit stream's capture (0: any)
+  // Only the thread itself can ask about its per-thread stream; any thread about an explicit one.
+  bool askable_here(std::uint64_t here) const noexcept {
+    return stream != cudaStreamPerThread || token == here;
+  }
 };
 struct LeftCaptures {
   std::mutex mutex;
@@ -46,16 +52,16 @@ struct LeftCaptures {
 };
 LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>(); }
 
-// Takes out the captures left to `token` for which `over` holds; their notes end after.
-template <class Over>
-void settle(std::uint64_t token, Over&& over) noexcept {
+// Takes out the left captures `mine` selects for which `over` holds; their notes end after.
+template <class Mine, class Over>
+void settle(Mine&& is_mine, Over&& over) noexcept {
   LeftCaptures& l = left_captures();
   std::vector<Left> mine;
   {
     std::lock_guard<std::mutex> lock(l.mutex);
     try {
       for (const Left& left : l.left) {
-        if (left.token == token) mine.push_back(left);
+        if (is_mine(left)) mine.push_back(left);
       }
     } catch (const std::bad_alloc&) {
       return;  // still counted: calls stay refused, which is safe
@@ -66,9 +72,11 @@ void settle(std::uint64_t token, Over&& over) noexcept {
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(l.mutex);
-      // Another call may have settled it meanwhile (only the thread itself, or its exit, does).
+      // Another call may have settled it meanwhile (the thread itself or its exit, or for an
+      // explicit stream any thread).
       const auto it = std::find_if(l.left.begin(), l.left.end(), [&](const Left& x) {
-        return x.token == left.token && x.device == left.device && x.mode == left.mode;
+        return x.token == left.token && x.device == left.device && x.mode == left.mode &&
+               x.stream == left.stream && x.id == left.id;
       });
       if (it != l.left.end()) {
         l.left.erase(it);
@@ -91,7 +99,10 @@ struct ExitWatch {
       std::lock_guard<std::mutex> lock(l.mutex);
       l.watched.erase(token);
     }
-    settle(token, [](const Left&) { return true; });
+    // Its per-thread stream's captures: CUDA ended them with the thread. An explicit stream's
+    // capture goes on without it.
+    settle([token](const Left& left) { return left.stream == cudaStreamPerThread && left.token == token; },
+           [](const Left&) { return true; });
   }
 };
 thread_local ExitWatch exit_watch;
@@ -130,13 +141,14 @@ void watch_capturing_thread() {
 }
 
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
-                       std::shared_ptr<Device> device) noexcept {
+                       std::shared_ptr<Device> device, cudaStream_t stream,
+                       CaptureId id) noexcept {
   {
     LeftCaptures& l = left_captures();
     std::lock_guard<std::mutex> lock(l.mutex);
-    if (l.watched.count(token) != 0) {
+    if (stream != cudaStreamPerThread || l.watched.count(token) != 0) {
       try {
-        l.left.push_back({mode, thread, token, std::move(device)});
+        l.left.push_back({mode, thread, token, std::move(device), stream, id});
         l.count.fetch_add(1, std::memory_order_relaxed);
         return;
       } catch (const std::bad_alloc&) {
@@ -147,13 +159,27 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
   note_capture_end(mode, thread);  // its thread has exited: nothing can end it now
 }
 
+bool still_capturing(Device& device, cudaStream_t stream, CaptureId id) noexcept {
+  CaptureStatus status = CaptureStatus::none;
+  CaptureId now = 0;
+  return device.capture_info(stream, &status, &now) == cudaSuccess &&
+         status == CaptureStatus::active && (id == 0 || now == id);
+}
+
 void settle_left_captures() noexcept {
   if (left_captures().count.load(std::memory_order_relaxed) == 0) return;
-  settle(this_thread_token(), [](const Left& left) {
-    CaptureStatus status = CaptureStatus::active;
-    return left.device->capture_info(cudaStreamPerThread, &status, nullptr) == cudaSuccess &&
-           status == CaptureStatus::none;
-  });
+  const std::uint64_t here = this_thread_token();
+  settle([here](const Left& left) { return left.askable_here(here); },
+         [](const Left& left) {
+           if (left.stream != cudaStreamPerThread) {
+             // Ended, or (where CUDA cannot tell: a stream destroyed since) taken as ended.
+             return !still_capturing(*left.device, left.stream, left.id);
+           }
+           CaptureStatus status = CaptureStatus::active;
+           return left.device->capture_info(cudaStreamPerThread, &status, nullptr) ==
+                      cudaSuccess &&
+                  status == CaptureStatus::none;
+         });
 }
 
 namespace {

@@ -17,16 +17,25 @@ namespace streampool::detail {
 void note_capture_begin(CaptureMode mode, std::thread::id thread);
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 
-// Left captures. A capture of cudaStreamPerThread that the library can no longer end (its
-// CapturePool went on another thread: capture_pool.hpp) is still under way, so it stays counted
-// as one (calls_allowed() keeps refusing what it would refuse) until the thread whose stream
-// captures is seen not capturing, at one of its own safe points (settle_left_captures), or exits.
-// The capturing thread calls watch_capturing_thread() when it begins a capture; `token` is its
-// this_thread_token(). A capture left by a thread that has exited is counted over at once.
+// Left captures: captures under way that the library no longer binds nor ends, so they stay
+// counted (calls_allowed() keeps refusing what they would refuse) until CUDA says they ended.
+// - Of cudaStreamPerThread, when its CapturePool went on another thread (capture_pool.hpp): only
+//   the thread whose stream captures can ask, at one of its own safe points
+//   (settle_left_captures); counted over when it exits. The capturing thread calls
+//   watch_capturing_thread() when it begins a capture; `token` is its this_thread_token(). One
+//   left by a thread that has exited is counted over at once.
+// - Of an explicit stream, when detach_capture_with_pool came before the caller's own end: any
+//   thread asks, at its safe points and at the first call the capture would refuse. `id` is the
+//   capture's (0 where it was never attached: then any capture of the stream counts as it).
 void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
-                       std::shared_ptr<Device> device) noexcept;
-// On the calling thread: counts over each capture left to it whose stream captures no more.
+                       std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
+                       CaptureId id = 0) noexcept;
+// Whether `stream` (an explicit stream, or this thread's per-thread one) still captures: capture
+// `id`, or with id 0 any capture. False where CUDA cannot tell.
+bool still_capturing(Device& device, cudaStream_t stream, CaptureId id) noexcept;
+// Counts over each capture left to the calling thread, or of an explicit stream, that CUDA says
+// has ended.
 void settle_left_captures() noexcept;
 
 }  // namespace streampool::detail

@@ -102,7 +102,8 @@ bool leave_capture(detail::PoolCore& core, cudaStream_t stream, int attempts) no
 }
 
 // Unbinds the binding's capture from its stream and from the gate. `over`: the capture is over
-// (ended, or its stream let go); else it is left under way to its thread (note_capture_left).
+// (ended, or its stream let go); else it is left under way (note_capture_left): a per-thread
+// stream's to its thread, an explicit stream's to whichever thread sees it end.
 void unbind(detail::CaptureBinding& binding, bool over = true) noexcept {
   const detail::CaptureBinding::Capture capture = binding.capture();
   if (!capture.active) return;
@@ -113,7 +114,8 @@ void unbind(detail::CaptureBinding& binding, bool over = true) noexcept {
   if (over) {
     detail::note_capture_end(capture.mode, capture.thread);
   } else {
-    detail::note_capture_left(capture.mode, capture.thread, capture.token, core.shared_device());
+    detail::note_capture_left(capture.mode, capture.thread, capture.token, core.shared_device(),
+                              capture.stream, capture.id);
   }
   binding.end_capture();
   binding.unref();  // the capture's reference
@@ -193,10 +195,14 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   detail::CaptureGate::of(binding.core())
       .unbind(detail::CaptureGate::key_of(capture.stream, capture.origin), 0);
   // A framework may have begun the capture since (attach_capture_with_pool not yet called): a
-  // per-thread stream's, given up on another thread, is left to its thread as in ~CapturePool.
-  if (capture.stream == cudaStreamPerThread && capture.token != detail::this_thread_token()) {
+  // per-thread stream's, given up on another thread, is left to its thread as in ~CapturePool;
+  // one CUDA says is capturing, to whichever thread sees it end (as in detach).
+  const bool askable =
+      capture.stream != cudaStreamPerThread || capture.token == detail::this_thread_token();
+  if (!askable ||
+      detail::still_capturing(binding.core().device(), capture.stream, /*any capture*/ 0)) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
-                              binding.core().shared_device());
+                              binding.core().shared_device(), capture.stream, 0);
   } else {
     detail::note_capture_end(capture.mode, capture.thread);
   }
@@ -398,11 +404,20 @@ bool attach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) {
 void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept {
   if (pool == nullptr) return;
   detail::CaptureBinding& binding = pool->binding();
-  if (!binding.capture().active) {
+  const detail::CaptureBinding::Capture capture = binding.capture();
+  if (!capture.active) {
     unprepare(binding);
     return;
   }
-  unbind(binding);
+  // Before the caller's end (a framework giving up on its error path) CUDA still captures: the
+  // capture stays counted until it is seen ended (noticed in review, 2026-12-07: counted over at
+  // once, it let another thread's trim synchronize the device and invalidate it). Another
+  // thread's per-thread stream cannot be asked from here: taken as ended, as the caller's order
+  // (end, then detach) has it.
+  const bool askable =
+      capture.stream != cudaStreamPerThread || capture.token == detail::this_thread_token();
+  unbind(binding, /*over=*/!askable || !detail::still_capturing(binding.core().device(),
+                                                                 capture.stream, capture.id));
   safe_point();
 }
 
