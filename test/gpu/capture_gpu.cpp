@@ -206,6 +206,36 @@ TEST_CASE("a global per-thread capture left under way by its CapturePool's going
   CHECK(f.pool.stats().reserved_bytes.current == 0);
 }
 
+// The framework route given up before the caller's end (test/capture_external.cpp on the fake):
+// the capture stays counted while CUDA captures, so another thread's trim neither synchronizes
+// nor frees, and the caller's end succeeds.
+TEST_CASE("a real global capture detached before the caller's end survives another thread's "
+          "trim, and the pool frees again once it ended",
+          "[capture][gpu]") {
+  Fixture f;
+  {
+    auto cached = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
+  }
+  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
+  const auto reserved = f.pool.stats().reserved_bytes.current;
+  REQUIRE(reserved > 0);
+  auto cp = std::make_shared<CapturePool>(f.pool);
+  streampool::prepare_capture_with_pool(cp, f.stream, streampool::CaptureMode::global);
+  REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(cp));
+  streampool::detach_capture_with_pool(cp);  // before the caller's end
+  std::thread([&] { f.pool.trim(0); }).join();
+  cudaStreamCaptureStatus status{};
+  REQUIRE(cudaStreamIsCapturing(f.stream, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  CHECK(f.pool.stats().reserved_bytes.current == reserved);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(f.stream, &graph) == cudaSuccess);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  f.pool.trim(0);  // sees the capture ended: synchronizes and frees
+  CHECK(f.pool.stats().reserved_bytes.current == 0);
+}
+
 // A stream that waits on an event recorded in a capture joins it: a buffer of that stream which
 // the graph writes, dropped there during the capture, must stay the graph's. Before the fix
 // (test/capture_joined.cpp on the fake) the drop went to the stream's own list: the next
