@@ -524,50 +524,14 @@ TEST_CASE("another thread's per-thread stream joined to a per-thread capture is 
 // A buffer that the captures of two CapturePools both use (record_stream named each capture's
 // stream, whose graph then read it) was kept by one of them only: once that one went, the buffer
 // went back to the pool while the other graph still read it (found in review, 2026-12-06).
-TEST_CASE("a buffer two captures use is kept until both CapturePools have gone") {
-  const bool first_goes_first = GENERATE(true, false);
-  CAPTURE(first_goes_first);
-  streampool::PoolOptions options = test_options();
-  options.fence_every_free = true;
-  PoolOnFake pool(options);
-  FakeDevice& fake = pool.fake();
-  cudaStream_t o1 = fake.create_stream("o1");
-  cudaStream_t o2 = fake.create_stream("o2");
-  cudaStream_t home = fake.create_stream("home");
-  cudaStream_t other = fake.create_stream("other");
-  constexpr std::size_t bytes = 64 * KiB;
-  auto x = Bytes::alloc_async(*pool, bytes, home);
-  write_on(fake, home, x);
-  fake.complete_all();
-  const void* x_at = x.data();
-  auto cp1 = std::make_shared<CapturePool>(*pool);
-  auto cp2 = std::make_shared<CapturePool>(*pool);
-  streampool::begin_capture_with_pool(cp1, o1, CaptureMode::relaxed);
-  streampool::begin_capture_with_pool(cp2, o2, CaptureMode::relaxed);
-  x.record_stream(o1);
-  fake.launch(o1, {{x.data(), bytes, false}}, {}, "graph 1 reads x");
-  x.record_stream(o2);
-  fake.launch(o2, {{x.data(), bytes, false}}, {}, "graph 2 reads x");
-  x.reset();  // during both captures
-  CapturedGraph g1 = streampool::end_capture_with_pool(o1, cp1);
-  CapturedGraph g2 = streampool::end_capture_with_pool(o2, cp2);
-  cp1.reset();
-  cp2.reset();
-  // One graph (and with it its CapturePool) goes; the other still replays.
-  CapturedGraph& kept = first_goes_first ? g2 : g1;
-  cudaStream_t kept_on = first_goes_first ? o2 : o1;
-  (first_goes_first ? g1 : g2) = CapturedGraph();
-  { auto fenced = Bytes::alloc_async(*pool, 256, kept_on); }  // a fence there, after its capture
-  wait_for(fake, kept_on, home);
-  check_replay_keeps(pool, kept, kept_on, other, bytes, x_at);
-}
-
 // Noticed in review (2026-12-07): the drop kept at most eight captures' bindings; a ninth
 // capture's use was left out, and the buffer went back to the pool once the first eight had
 // gone while the ninth graph still read it.
-TEST_CASE("a buffer that more captures use than a drop keeps room for is kept until every "
-          "CapturePool has gone") {
-  constexpr int captures = 10;
+TEST_CASE("a buffer several captures use is kept until every CapturePool has gone, more than "
+          "eight too") {
+  const int captures = GENERATE(2, 10);
+  const bool first_stays = GENERATE(false, true);  // else the last begun
+  CAPTURE(captures, first_stays);
   streampool::PoolOptions options = test_options();
   options.fence_every_free = true;
   PoolOnFake pool(options);
@@ -596,13 +560,16 @@ TEST_CASE("a buffer that more captures use than a drop keeps room for is kept un
     graphs.push_back(streampool::end_capture_with_pool(origins[i], pools[i]));
   }
   pools.clear();
-  // Every graph but the last begun goes, oldest first; the last still replays.
-  for (int i = 0; i + 1 < captures; ++i) graphs[i] = CapturedGraph();
+  // Every graph but one goes, oldest first; that one still replays.
+  const int stays = first_stays ? 0 : captures - 1;
+  for (int i = 0; i < captures; ++i) {
+    if (i != stays) graphs[i] = CapturedGraph();
+  }
   streampool::complete_graph_releases();
-  cudaStream_t kept_on = origins.back();
+  cudaStream_t kept_on = origins[stays];
   { auto fenced = Bytes::alloc_async(*pool, 256, kept_on); }  // a fence there, after its capture
   wait_for(fake, kept_on, home);
-  check_replay_keeps(pool, graphs.back(), kept_on, other, bytes, x_at);
+  check_replay_keeps(pool, graphs[stays], kept_on, other, bytes, x_at);
 }
 
 // Found in review, 2026-12-07: a buffer dropped in capture K (on K's stream) that record_stream

@@ -37,6 +37,15 @@ struct Fixture {
     pool.release_stream(stream);
     cudaStreamDestroy(stream);
   }
+  // Reserved bytes, once a buffer allocated and dropped on `stream` is cached and its work done:
+  // what a trim would free.
+  std::int64_t cached_buffer() {
+    { auto cached = PooledBuffer<std::uint32_t>::alloc_async(pool, words, stream); }
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::int64_t reserved = pool.stats().reserved_bytes.current;
+    REQUIRE(reserved > 0);
+    return reserved;
+  }
   unsigned long long found() {
     unsigned long long n = ~0ull;
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
@@ -177,12 +186,7 @@ TEST_CASE("a global per-thread capture left under way by its CapturePool's going
           "thread survives the pool's trim and growth, and the pool frees again once it ended",
           "[capture][gpu]") {
   Fixture f;
-  {
-    auto cached = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
-  }
-  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
-  const auto reserved = f.pool.stats().reserved_bytes.current;
-  REQUIRE(reserved > 0);
+  const auto reserved = f.cached_buffer();
   auto cp = std::make_shared<CapturePool>(f.pool);
   streampool::begin_capture_with_pool(cp, cudaStreamPerThread, streampool::CaptureMode::global);
   std::thread([moved = std::move(cp)]() mutable { moved.reset(); }).join();
@@ -213,12 +217,7 @@ TEST_CASE("a real global capture detached before the caller's end survives anoth
           "trim, and the pool frees again once it ended",
           "[capture][gpu]") {
   Fixture f;
-  {
-    auto cached = PooledBuffer<std::uint32_t>::alloc_async(f.pool, words, f.stream);
-  }
-  REQUIRE(cudaStreamSynchronize(f.stream) == cudaSuccess);
-  const auto reserved = f.pool.stats().reserved_bytes.current;
-  REQUIRE(reserved > 0);
+  const auto reserved = f.cached_buffer();
   auto cp = std::make_shared<CapturePool>(f.pool);
   streampool::prepare_capture_with_pool(cp, f.stream, streampool::CaptureMode::global);
   REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
