@@ -866,3 +866,48 @@ TEST_CASE("a growth waits for its own stream's range that host memory left unind
   CHECK(reserved(pool) == static_cast<std::int64_t>(50 * MiB));  // not 70
   fake->complete_all();
 }
+// Review (2026-12-07): a drop with ten capture candidates, each host allocation of the drop
+// failing in turn (the ninth candidate's heap slot among them): every binding let go once.
+TEST_CASE("a drop with more capture candidates than it keeps in place lets each go once when "
+          "host memory runs out") {
+  const bool onward = GENERATE(false, true);
+  each_in_turn(200, 1, [&](long n) {
+    CAPTURE(onward);
+    auto fake = std::make_shared<FakeDevice>();
+    {
+      MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+      cudaStream_t home = fake->create_stream("home");
+      std::optional<Bytes> x(Bytes::alloc_async(pool, 64 * KiB, home));
+      std::vector<cudaStream_t> origins;
+      std::vector<std::shared_ptr<streampool::CapturePool>> pools;
+      for (int i = 0; i < 10; ++i) {
+        origins.push_back(fake->create_stream());
+        pools.push_back(std::make_shared<streampool::CapturePool>(pool));
+        streampool::begin_capture_with_pool(pools.back(), origins.back(),
+                                            streampool::CaptureMode::relaxed);
+      }
+      for (int i = 0; i < 10; ++i) {
+        x->record_stream(origins[i]);
+        DeviceWithMemory::Inside inside;
+        fake->launch(origins[i], {{x->data(), x->byte_size(), false}}, {}, "reads x");
+      }
+      {
+        const HostMemoryRunsOut out(n, onward);
+        x.reset();
+      }
+      std::vector<streampool::CapturedGraph> graphs;
+      for (int i = 0; i < 10; ++i) {
+        graphs.push_back(streampool::end_capture_with_pool(origins[i], pools[i]));
+      }
+      pools.clear();
+      graphs.clear();
+      streampool::complete_graph_releases();
+      fake->complete_all();
+      pool.trim(0);
+      CHECK(fake->live_bytes() == 0);
+    }
+    safe_point(fake);
+    CHECK(fake->live_bytes() == 0);
+    CHECK(fake->live_events() == 0);
+  });
+}

@@ -154,7 +154,8 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // A drop names few streams: the first eight candidates in place, any more on the heap (noticed
   // in review, 2026-12-07: past eight, the rest were left out, and the block went back to the
   // pool while their graphs still used it). Only where the host has no memory for one more is a
-  // candidate left out (its graph then keeps no older adopter).
+  // candidate left out (its graph then keeps no older adopter). Where CUDA could not tell which
+  // capture a stream joined, every capture under way is one.
   struct Candidate {
     CaptureBinding* binding;
     std::size_t captured;  // which use is its capture's stream (0: the drop's own)
@@ -191,7 +192,9 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   };
   add(binding, 0);
   // (The drop's stream asked again only where no capture it is bound to has it now.)
-  add(joined(stream, uses.first(uses.empty() ? 0 : 1), /*ask_stream=*/binding == nullptr),
+  bool unknown = false;  // a stream whose capture CUDA could not tell: every capture counts
+  add(joined(stream, uses.first(uses.empty() ? 0 : 1), /*ask_stream=*/binding == nullptr,
+             &unknown),
       CaptureBinding::no_origin);
   for (std::size_t i = 1; i < uses.size(); ++i) {
     const StreamState* use = uses[i].state;
@@ -211,8 +214,27 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   if (captures_under_way()) {
     const bool named_here = names_home(stream, uses);
     for (const RecordedStream& use : uses) {
-      add(joined_use(stream, named_here, use), CaptureBinding::no_origin);
+      add(joined_use(stream, named_here, use, &unknown), CaptureBinding::no_origin);
     }
+  }
+  if (unknown) {
+    // Each binding under way, referenced under the gate's mutex (add may take the host's memory:
+    // not under it).
+    std::vector<CaptureBinding*> every;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        every.reserve(by_capture_.size());
+        for (const auto& [id, under_way] : by_capture_) {
+          under_way->ref();
+          every.push_back(under_way);
+        }
+      } catch (const std::bad_alloc&) {
+        // No room for the list (reserve threw before any reference): none of them is added, as
+        // a candidate is left out past the host's memory.
+      }
+    }
+    for (CaptureBinding* under_way : every) add(under_way, CaptureBinding::no_origin);
   }
   // The oldest binding under way adopts it; each other one keeps that one until it goes itself
   // (only ever an older one: no two keep each other).
@@ -242,12 +264,15 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   return adopter != nullptr || keeper != nullptr;
 }
 
-CaptureBinding* CaptureGate::capture_of(cudaStream_t handle) noexcept {
+CaptureBinding* CaptureGate::capture_of(cudaStream_t handle, bool* unknown) noexcept {
   const GateStatus status = gate_status(core_.device(), handle);
   if (status.error != cudaSuccess) {
-    // CUDA cannot tell whether the stream joined a capture: taken as joined to one under way,
-    // which then keeps the block longer than it may need (the model check, 2026-12-06: given
-    // back, the block was written by the graph's replay after another stream got it).
+    // CUDA cannot tell whether the stream joined a capture: taken as joined to one under way
+    // (the model check, 2026-12-06: given back, the block was written by the graph's replay
+    // after another stream got it); a drop weighs every one (found in review, 2026-12-07: with
+    // one only, the block went back when that one's CapturePool went, while the graph of the
+    // capture the stream had joined still read it).
+    if (unknown != nullptr) *unknown = true;
     std::lock_guard<std::mutex> lock(mutex_);
     if (by_capture_.empty()) return nullptr;
     CaptureBinding* any = by_capture_.begin()->second;
@@ -264,16 +289,17 @@ bool CaptureGate::names_home(cudaStream_t stream, UseSpan uses) noexcept {
 }
 
 CaptureBinding* CaptureGate::joined_use(cudaStream_t stream, bool named_here,
-                                        const RecordedStream& use) noexcept {
+                                        const RecordedStream& use, bool* unknown) noexcept {
   const StreamState* state = use.state;
   if (state == nullptr || !state->current(use.generation) || !state->addressable() ||
       (state->handle == stream && named_here)) {
     return nullptr;
   }
-  return capture_of(state->handle);
+  return capture_of(state->handle, unknown);
 }
 
-CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream) noexcept {
+CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_stream,
+                                    bool* unknown) noexcept {
   if (!captures_under_way()) return nullptr;
   // A stream that waited on an event recorded in a capture is part of it until the capture ends,
   // with no binding of its own: its capture status names the capture. Asked of the drop's
@@ -283,10 +309,10 @@ CaptureBinding* CaptureGate::joined(cudaStream_t stream, UseSpan uses, bool ask_
   // docs/design.md, "CapturePool"). Asking the status is allowed during every capture.
   const bool named_here = names_home(stream, uses);
   if (named_here && ask_stream) {
-    if (CaptureBinding* binding = capture_of(stream)) return binding;
+    if (CaptureBinding* binding = capture_of(stream, unknown)) return binding;
   }
   for (const RecordedStream& use : uses) {
-    if (CaptureBinding* binding = joined_use(stream, named_here, use)) return binding;
+    if (CaptureBinding* binding = joined_use(stream, named_here, use, unknown)) return binding;
   }
   return nullptr;
 }

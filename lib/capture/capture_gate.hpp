@@ -54,17 +54,20 @@ class CaptureGate final : public Gate {
     return !by_capture_.empty();
   }
   // The binding of a capture that the drop's stream (unless !ask_stream: asked already), or a
-  // stream of `uses`, joined (referenced), or null.
-  CaptureBinding* joined(cudaStream_t stream, UseSpan uses, bool ask_stream = true) noexcept;
-  // The binding of the capture `handle`'s stream is in now, asked of CUDA (referenced), or null;
-  // one under way where CUDA cannot tell.
-  CaptureBinding* capture_of(cudaStream_t handle) noexcept;
+  // stream of `uses`, joined (referenced), or null. `unknown` (if given) is set where CUDA could
+  // not tell of a stream asked (capture_of).
+  CaptureBinding* joined(cudaStream_t stream, UseSpan uses, bool ask_stream = true,
+                         bool* unknown = nullptr) noexcept;
+  // The binding of the capture `handle`'s stream is in now, asked of CUDA (referenced), or null.
+  // Where CUDA cannot tell: one under way (the first of the map's order), and `unknown` (if given)
+  // set, for a caller that must weigh every capture under way (take_drop).
+  CaptureBinding* capture_of(cudaStream_t handle, bool* unknown = nullptr) noexcept;
   // Whether this thread names the block's own stream (uses' first) by `stream`, the drop's.
   static bool names_home(cudaStream_t stream, UseSpan uses) noexcept;
   // The capture `use`'s stream joined (referenced), where this thread can name that stream and
   // it is not the drop's own as named here (`named_here`: names_home), or null.
-  CaptureBinding* joined_use(cudaStream_t stream, bool named_here,
-                             const RecordedStream& use) noexcept;
+  CaptureBinding* joined_use(cudaStream_t stream, bool named_here, const RecordedStream& use,
+                             bool* unknown) noexcept;
 
   PoolCore& core_;
   std::mutex mutex_;
