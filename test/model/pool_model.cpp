@@ -255,6 +255,8 @@ constexpr const char* variant_name[] = {
     "pending_release",         // a graph's release still queued when the MemoryPool goes (else the
                                // teardown reaches a safe point first)
     "join",                    // a created stream joins a capture under way, and is joined back
+    "framework",               // captures begun and ended as a framework does (prepare, attach,
+                               // detach around its own begin and end), detached early at times
     // and "fault:<call>" (FakeDevice::call_name) for each call a fault may be injected into
 };
 
@@ -340,6 +342,9 @@ struct PoolSlot {
   bool sealed = false;
   int capturing = -1;  // the stream slot it captures
   CaptureMode mode = CaptureMode::global;
+  // Begun as a framework begins it (prepare, its own cudaStreamBeginCapture, attach), to be ended
+  // likewise (its own cudaStreamEndCapture, detach; capture_pool.hpp).
+  bool framework = false;
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> private_ranges;
   std::map<std::pair<int, int>, cudaEvent_t> domain;  // (slot, generation) -> after its last use
   bool expired = false;
@@ -349,8 +354,11 @@ struct PoolSlot {
 struct GraphSlot {
   int id = 0;
   CapturedGraph graph;
-  cudaGraphExec_t exec = nullptr;  // after release(): the model destroys it
+  cudaGraphExec_t exec = nullptr;  // after release(), or a framework's: the model destroys it
   int pool = -1;
+  // A framework's graph: nothing of the library keeps its CapturePool, the model does, until the
+  // graph's last replay has completed (capture_pool.hpp).
+  std::shared_ptr<CapturePool> keep;
 };
 
 struct Dropped {
@@ -430,6 +438,7 @@ class Model {
   void join_back_all(int pool);
   void op_capture_end();
   void end_capture(int pool, int thread);
+  bool end_as_framework(int pool, int thread, cudaGraphExec_t& exec);
   void op_capture_misuse();
   void op_graph_launch();
   void op_graph_destroy();
@@ -477,6 +486,8 @@ class Model {
   std::vector<Held> held_;
   std::vector<PoolSlot> pools_;
   std::vector<GraphSlot> graphs_;
+  // The CapturePools of destroyed framework graphs, kept until their replays have completed.
+  std::vector<std::shared_ptr<CapturePool>> retired_;
   std::vector<Dropped> dropped_;
   std::vector<cudaEvent_t> events_;  // the model's own, destroyed at the end
   int next_id_ = 1;
@@ -1188,6 +1199,10 @@ void Model::op_complete() {
 void Model::op_complete_all() {
   fake_->complete_all();
   note("complete all");
+  if (!retired_.empty()) {
+    pool_call([&] { retired_.clear(); });
+    note("drop the CapturePools of destroyed framework graphs");
+  }
 }
 
 void Model::op_release_stream() {
@@ -1338,6 +1353,8 @@ void Model::op_capture_begin() {
   const CaptureMode modes[] = {CaptureMode::global, CaptureMode::thread_local_,
                                CaptureMode::relaxed};
   const CaptureMode mode = modes[src_.below(3)];
+  // The variant "framework" decodes here, so that inputs found without it decode as they did.
+  const bool framework = allowed("framework") && src_.one_in(3);
   PoolSlot& pool = pools_[static_cast<std::size_t>(p)];
   // What the stream did before the capture: the graph's replays follow it.
   domain_note(p, slot);
@@ -1345,19 +1362,35 @@ void Model::op_capture_begin() {
       pool.domain[{slot, slots_[static_cast<std::size_t>(slot)].generation}];
   const cudaStream_t h = handle(slot);
   try {
-    pool_call([&] { streampool::begin_capture_with_pool(pool.handle, h, mode); });
+    pool_call([&] {
+      if (!framework) {
+        streampool::begin_capture_with_pool(pool.handle, h, mode);
+        return;
+      }
+      streampool::prepare_capture_with_pool(pool.handle, h, mode);
+      const cudaError_t begun = fake_->begin_capture(h, mode);
+      if (begun != cudaSuccess) {
+        streampool::detach_capture_with_pool(pool.handle);  // the framework gives up
+        throw streampool::Error(begun, "the framework's cudaStreamBeginCapture");
+      }
+      if (!streampool::attach_capture_with_pool(pool.handle)) {
+        fail("framework capture", "attach found the stream not capturing after its begin");
+      }
+    });
   } catch (const std::exception& e) {
-    note(fmt::format("begin {} capture of {} with p{} threw: {}", mode_name(mode), name(slot), p,
-                     e.what()));
+    note(fmt::format("begin {} capture of {} with p{}{} threw: {}", mode_name(mode), name(slot),
+                     p, framework ? " (framework)" : "", e.what()));
     if (!fault_in_op_)
       fail("unexpected exception", fmt::format("begin_capture_with_pool threw: {}", e.what()));
     return;
   }
   pool.capturing = slot;
   pool.mode = mode;
+  pool.framework = framework;
   slots_[static_cast<std::size_t>(slot)].capture = p;
   capture_memory_ = true;  // what it adopts counts as live as long as it lives
-  note(fmt::format("begin {} capture of {} with p{}", mode_name(mode), name(slot), p));
+  note(fmt::format("begin {} capture of {} with p{}{}", mode_name(mode), name(slot), p,
+                   framework ? " (framework)" : ""));
 }
 
 // A created stream joins a capture under way: it waits on an event recorded on the capture's
@@ -1432,19 +1465,25 @@ void Model::end_capture(int p, int thread) {
   const int slot = pool.capturing;
   const cudaStream_t h = handle(slot);
   CapturedGraph graph;
+  cudaGraphExec_t exec = nullptr;  // a framework's
   bool ended = true;
-  try {
-    pool_call(
-        [&] { on(thread, [&] { graph = streampool::end_capture_with_pool(h, pool.handle); }); });
-    note(fmt::format("end the capture of {} with p{}{}", name(slot), p,
-                     thread == 1 ? " (helper)" : ""));
-  } catch (const std::exception& e) {
-    ended = false;
-    note(fmt::format("end the capture of {} threw: {}", name(slot), e.what()));
-    if (!fault_in_op_)
-      fail("unexpected exception", fmt::format("end_capture_with_pool threw: {}", e.what()));
+  if (pool.framework) {
+    ended = end_as_framework(p, thread, exec);
+  } else {
+    try {
+      pool_call(
+          [&] { on(thread, [&] { graph = streampool::end_capture_with_pool(h, pool.handle); }); });
+      note(fmt::format("end the capture of {} with p{}{}", name(slot), p,
+                       thread == 1 ? " (helper)" : ""));
+    } catch (const std::exception& e) {
+      ended = false;
+      note(fmt::format("end the capture of {} threw: {}", name(slot), e.what()));
+      if (!fault_in_op_)
+        fail("unexpected exception", fmt::format("end_capture_with_pool threw: {}", e.what()));
+    }
   }
   pool.capturing = -1;
+  pool.framework = false;
   slots_[static_cast<std::size_t>(slot)].capture = -1;
   // Shared buffers the capture touched: the graph keeps using them, so the pool keeps them.
   for (std::size_t i = buffers_.size(); i-- > 0;) {
@@ -1471,10 +1510,67 @@ void Model::end_capture(int p, int thread) {
     GraphSlot g;
     g.id = next_id_++;
     g.graph = std::move(graph);
+    g.exec = exec;
+    if (exec != nullptr) g.keep = pool.handle;
     g.pool = p;
     graphs_.push_back(std::move(g));
-    note(fmt::format("-> g{}", graphs_.back().id));
+    note(fmt::format("-> g{}{}", graphs_.back().id, exec != nullptr ? " (the framework's)" : ""));
   }
+}
+
+// A framework's end: its own cudaStreamEndCapture (tried again where it fails, as
+// end_capture_with_pool does), then detach; or, at times, detach first (a framework giving up
+// on an error path), with a trim on the helper thread before the end, which the capture must
+// survive. True with `exec` the instantiated graph.
+bool Model::end_as_framework(int p, int thread, cudaGraphExec_t& exec) {
+  PoolSlot& pool = pools_[static_cast<std::size_t>(p)];
+  const int slot = pool.capturing;
+  const cudaStream_t h = handle(slot);
+  const bool early = src_.one_in(3);
+  // (On the main thread only: the helper runs the trim. Not once the MemoryPool is gone.)
+  const bool trim_between =
+      early && threads_ && thread == 0 && pool_ != nullptr && src_.one_in(2);
+  cudaError_t ended = cudaErrorUnknown;
+  cudaGraph_t graph = nullptr;
+  pool_call([&] {
+    on(thread, [&] {
+      if (early) streampool::detach_capture_with_pool(pool.handle);
+      if (trim_between) {
+        try {
+          on(1, [&] { pool_->trim(0); });
+        } catch (const std::exception& e) {
+          note(fmt::format("trim threw: {}", e.what()));
+        }
+      }
+      for (int attempt = 0; attempt < 4 && ended != cudaSuccess; ++attempt) {
+        ended = fake_->end_capture(h, &graph);
+        if (ended != cudaSuccess && status_of(slot) == CaptureStatus::none) break;
+      }
+      if (!early) streampool::detach_capture_with_pool(pool.handle);
+    });
+  });
+  note(fmt::format("end the capture of {} as a framework{}{}{}", name(slot),
+                   early ? ", detached before" : "", trim_between ? ", a trim between" : "",
+                   thread == 1 ? " (helper)" : ""));
+  if (ended != cudaSuccess) {
+    note(fmt::format("its end: error {}", static_cast<int>(ended)));
+    if (!fault_in_op_) {
+      fail(ended == cudaErrorStreamCaptureInvalidated ? "capture invalidated"
+                                                      : "unexpected exception",
+           fmt::format("the framework's cudaStreamEndCapture failed: error {}",
+                       static_cast<int>(ended)));
+    }
+    if (graph != nullptr) fake_->graph_destroy(graph);
+    return false;
+  }
+  const cudaError_t made = fake_->graph_instantiate(&exec, graph);
+  fake_->graph_destroy(graph);
+  if (made != cudaSuccess) {
+    exec = nullptr;
+    if (!fault_in_op_) fail("unexpected exception", "cudaGraphInstantiate failed");
+    return false;
+  }
+  return true;
 }
 
 void Model::op_capture_misuse() {
@@ -1584,7 +1680,7 @@ void Model::op_graph_destroy() {
   const int g = pick(static_cast<int>(graphs_.size()), [](int) { return true; });
   if (g < 0) return;
   GraphSlot& graph = graphs_[static_cast<std::size_t>(g)];
-  if (graph.exec == nullptr && src_.one_in(3)) {
+  if (graph.exec == nullptr && graph.keep == nullptr && src_.one_in(3)) {
     graph.exec = graph.graph.release();
     note(fmt::format("release g{}: the model owns its executable graph", graph.id));
     return;
@@ -1604,6 +1700,7 @@ void Model::op_graph_destroy() {
     note(fmt::format("destroy g{} refused: the model keeps it", id));
     return;
   }
+  if (graph.keep != nullptr) retired_.push_back(std::move(graph.keep));  // until complete all
   graphs_.erase(graphs_.begin() + g);
   note(fmt::format("destroy g{}", id));
 }
@@ -2155,6 +2252,7 @@ void Model::teardown() {
       const std::size_t g = src_.below(static_cast<std::uint32_t>(graphs_.size()));
       const int id = graphs_[g].id;
       if (graphs_[g].exec != nullptr) fake_->graph_exec_destroy(graphs_[g].exec);
+      if (graphs_[g].keep != nullptr) retired_.push_back(std::move(graphs_[g].keep));
       graphs_.erase(graphs_.begin() + static_cast<std::ptrdiff_t>(g));
       note(fmt::format("destroy g{}", id));
     } else {
@@ -2168,6 +2266,10 @@ void Model::teardown() {
     }
   }
   fake_->complete_all();
+  if (!retired_.empty()) {
+    retired_.clear();  // the framework graphs' replays have completed
+    note("drop the CapturePools of destroyed framework graphs");
+  }
   // A graph's release that arrives after its MemoryPool is gone (the pool went first, its graphs'
   // last replays completed since) waits for the library's next safe point anywhere: the
   // documented way to have it now is complete_graph_releases().
@@ -2214,9 +2316,18 @@ void Model::abandon() {
   // stop the helper thread.
   for (PoolSlot& p : pools_) {
     if (p.capturing < 0 || p.handle == nullptr) continue;
+    if (p.framework) {
+      cudaGraph_t graph = nullptr;
+      if (fake_->end_capture(handle(p.capturing), &graph) == cudaSuccess && graph != nullptr) {
+        fake_->graph_destroy(graph);
+      }
+      streampool::detach_capture_with_pool(p.handle);
+      continue;
+    }
     try {
-      graphs_.push_back(
-          {0, streampool::end_capture_with_pool(handle(p.capturing), p.handle), nullptr, -1});
+      GraphSlot g;
+      g.graph = streampool::end_capture_with_pool(handle(p.capturing), p.handle);
+      graphs_.push_back(std::move(g));
     } catch (const std::exception&) {
     }
   }
