@@ -1,10 +1,13 @@
 // Captures begun and ended by the caller (a framework such as PyTorch): prepare, attach and
 // detach_capture_with_pool around the caller's own cudaStreamBeginCapture and EndCapture.
 #include "fake_helpers.hpp"
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
 
+#include <chrono>
+#include <future>
 #include <thread>
 
 using fake_test::capture_status;
@@ -280,4 +283,159 @@ TEST_CASE("a detach before the caller's end leaves the capture counted until CUD
   // that can ask about its per-thread stream).
   pool->trim(0);
   CHECK(fake.calls(FakeDevice::Call::device_synchronize) > syncs);
+}
+
+// Found in review (2026-12-07) of the early detach (631958b), and the cases it left untested.
+
+namespace {
+// A trim on another thread: whether it synchronized the device.
+template <class Pool>
+bool trim_elsewhere_synchronizes(Pool& pool) {
+  const auto before = pool.fake().calls(FakeDevice::Call::device_synchronize);
+  std::thread([&] { pool->trim(0); }).join();
+  return pool.fake().calls(FakeDevice::Call::device_synchronize) > before;
+}
+[[maybe_unused]] void end_and_discard(FakeDevice& fake, cudaStream_t s) {
+  cudaGraph_t graph = nullptr;
+  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
+  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+}
+}  // namespace
+
+TEST_CASE("a settle of a left capture takes out that one, not a later one of the same stream "
+          "still capturing") {
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, other); }
+  auto first = std::make_shared<CapturePool>(*pool);
+  auto second = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  streampool::detach_capture_with_pool(first);  // given up before attach: left, id 0
+  end_and_discard(fake, s);                     // the framework's end
+  std::promise<void> paused;
+  std::promise<void> resume;
+  std::shared_future<void> resumed = resume.get_future().share();
+  // The next status query is the other thread's settle asking about the first capture (ended).
+  pool.device->after_next(FakeDevice::Call::capture_info, [&] {
+    paused.set_value();
+    resumed.wait();
+  });
+  std::thread settler([] { streampool::CapturedGraph none; });  // its destructor: a safe point
+  paused.get_future().wait();
+  // Meanwhile, this thread: the first seen ended (prepare's safe point), the stream captured
+  // again, and given up again before attach.
+  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  streampool::detach_capture_with_pool(second);
+  resume.set_value();
+  settler.join();
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  pool->trim(0);
+  fake.complete_all();
+}
+
+TEST_CASE("a capture left on a destroyed stream is not taken for a capture of a stream that "
+          "reuses its handle") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  streampool::detach_capture_with_pool(capture);  // given up before attach: left
+  end_and_discard(fake, s);
+  fake.destroy_stream(s);
+  cudaStream_t reused = fake.create_stream();
+  REQUIRE(reused == s);
+  REQUIRE(fake.begin_capture(reused, CaptureMode::relaxed) == cudaSuccess);  // not the pool's
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);  // needs cudaMalloc
+  CHECK_FALSE(error);
+  CHECK_FALSE(grown.is_empty());
+  grown.reset();
+  end_and_discard(fake, reused);
+  pool->trim(0);
+  fake.complete_all();
+}
+
+TEST_CASE("a CapturePool dropped mid-capture whose every end CUDA refuses leaves the "
+          "capture counted") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, s, CaptureMode::global);
+  fake.fail_next(FakeDevice::Call::end_capture, 4);
+  capture.reset();
+  REQUIRE(capture_status(fake, s) == CaptureStatus::active);
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  pool->trim(0);
+  fake.complete_all();
+}
+
+TEST_CASE("thread-local mode, a detach before the end: the capturing thread's calls and "
+          "every thread's synchronize stay refused until a third thread sees it ended") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, other); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::thread_local_);
+  REQUIRE(fake.begin_capture(s, CaptureMode::thread_local_) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);  // needs cudaMalloc
+  CHECK(error == Errc::capture_forbids_call);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_and_discard(fake, s);
+  CHECK(trim_elsewhere_synchronizes(pool));  // settled by that thread's refused synchronize
+  auto after = Bytes::alloc_async(*pool, 64 * MiB, other);
+  CHECK_FALSE(after.is_empty());
+}
+
+TEST_CASE("a detach on another thread than the capturing one, before its end, keeps the "
+          "capture counted; a third thread sees it ended") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::promise<void> attached;
+  std::promise<void> detached;
+  std::promise<void> ended;
+  std::thread capturing([&] {
+    streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+    fake.begin_capture(s, CaptureMode::global);
+    streampool::attach_capture_with_pool(capture);
+    attached.set_value();
+    detached.get_future().wait();
+    cudaGraph_t graph = nullptr;
+    if (fake.end_capture(s, &graph) == cudaSuccess) fake.graph_destroy(graph);
+    ended.set_value();
+  });
+  attached.get_future().wait();
+  streampool::detach_capture_with_pool(capture);  // here, not on the capturing thread
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  detached.set_value();
+  ended.get_future().wait();
+  capturing.join();
+  CHECK(capture_status(fake, s) == CaptureStatus::none);
+  CHECK(trim_elsewhere_synchronizes(pool));
 }

@@ -717,3 +717,46 @@ TEST_CASE("a buffer dropped on a joined stream whose capture status cannot be as
   streampool::complete_graph_releases();
   check_replay_keeps(pool, graphs[joins], origins[joins], other, bytes, x_at);
 }
+
+// Review (2026-12-07) of 17169f2: the drop's own stream, still bound to a CapturePool whose
+// capture the framework has ended (detach not yet called), joined another capture since. Where
+// CUDA cannot give that stream's status, CaptureBinding::captures() answers true ("still in its
+// capture") and nothing flags the status unknown: the bound binding is the only candidate, so the
+// block goes back once its CapturePool goes, while the graph of the capture the stream joined
+// still reads it.
+TEST_CASE("a buffer dropped on a bound stream whose capture status cannot be asked is "
+          "kept for every capture under way") {
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = true;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream("framework's");
+  cudaStream_t origin = fake.create_stream("origin");
+  cudaStream_t other = fake.create_stream("other");
+  constexpr std::size_t bytes = 64 * KiB;
+  auto x = Bytes::alloc_async(*pool, bytes, s);
+  write_on(fake, s, x);
+  fake.complete_all();
+  const void* x_at = x.data();
+  auto framework = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(framework, s, CaptureMode::relaxed);
+  REQUIRE(fake.begin_capture(s, CaptureMode::relaxed) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(framework));
+  cudaGraph_t discarded = nullptr;
+  REQUIRE(fake.end_capture(s, &discarded) == cudaSuccess);  // the framework's end; no detach yet
+  REQUIRE(fake.graph_destroy(discarded) == cudaSuccess);
+  auto cp = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(cp, origin, CaptureMode::relaxed);
+  wait_for(fake, s, origin);  // s joins the other capture
+  fake.launch(s, {{x.data(), bytes, false}}, {}, "graph reads x");
+  fake.fail_next(FakeDevice::Call::capture_info, 1000);
+  x.reset();  // on s, in the capture it joined; no status can be had
+  fake.fail_next(FakeDevice::Call::capture_info, 0);
+  wait_for(fake, origin, s);  // joined back
+  CapturedGraph graph = streampool::end_capture_with_pool(origin, cp);
+  streampool::detach_capture_with_pool(framework);
+  framework.reset();
+  cp.reset();
+  streampool::complete_graph_releases();
+  check_replay_keeps(pool, graph, origin, other, bytes, x_at);
+}

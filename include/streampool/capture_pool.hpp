@@ -235,8 +235,10 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
 // never throws; called while the stream still captures (a caller giving up before its own end),
 // it unbinds too, and no thread makes a call the capture would refuse until CUDA reports it ended
-// (the caller still ends it; another thread's cudaStreamPerThread cannot be asked, and is taken
-// as ended). The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
+// (the caller still ends it). Of cudaStreamPerThread only its own thread can ask CUDA: detached
+// there before the end, the capture stays counted until that thread's next call into the library
+// (or its exit); detached on another thread, an attached capture is taken as ended, and one only
+// prepared is left to the preparing thread likewise. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
 // keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,

@@ -269,11 +269,14 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& erro
   return nullptr;
 }
 
-bool CaptureBinding::captures(cudaStream_t stream) const noexcept {
+bool CaptureBinding::captures(cudaStream_t stream, bool* unknown) const noexcept {
   const Capture now = capture();
   if (!now.active) return false;
   const GateStatus status = gate_status(core_.device(), stream);
-  if (status.error != cudaSuccess) return true;
+  if (status.error != cudaSuccess) {
+    if (unknown != nullptr) *unknown = true;
+    return true;
+  }
   return status.status == CaptureStatus::active && status.id == now.id;
 }
 

@@ -97,7 +97,8 @@ class CaptureBinding {
   // between a framework's own cudaStreamEndCapture and detach_capture_with_pool the binding still
   // has the capture, and another thread's cudaStreamPerThread names another stream. True where
   // CUDA cannot tell (what the pool then does keeps the memory longer, never shorter).
-  bool captures(cudaStream_t stream) const noexcept;
+  // `unknown` (if given) is set where CUDA could not tell.
+  bool captures(cudaStream_t stream, bool* unknown = nullptr) const noexcept;
   // Claims the binding for a capture about to begin; false when another has it.
   bool claim() noexcept;
   void unclaim() noexcept;

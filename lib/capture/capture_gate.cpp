@@ -135,8 +135,11 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   // says whether it is in the capture now.
   const bool nameable =
       stream != cudaStreamPerThread || (state != nullptr && state->addressable());
+  // A stream whose capture CUDA could not tell (here or below): every capture under way counts
+  // (found in review, 2026-12-07).
+  bool unknown = false;
   if (binding != nullptr &&
-      (nameable ? !binding->captures(stream) : !binding->capture().active)) {
+      (nameable ? !binding->captures(stream, &unknown) : !binding->capture().active)) {
     // Bound, but the stream is not in the capture now: only prepared (the framework route,
     // before its own begin; it may have joined another capture meanwhile, which the rest asks),
     // or the framework has ended the capture and not yet detached, and the drop is ordinary work
@@ -192,7 +195,6 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
   };
   add(binding, 0);
   // (The drop's stream asked again only where no capture it is bound to has it now.)
-  bool unknown = false;  // a stream whose capture CUDA could not tell: every capture counts
   add(joined(stream, uses.first(uses.empty() ? 0 : 1), /*ask_stream=*/binding == nullptr,
              &unknown),
       CaptureBinding::no_origin);
@@ -202,7 +204,8 @@ bool CaptureGate::take_drop(Block* block, cudaStream_t stream, UseSpan uses) noe
     CaptureBinding* bound_use = by_key(key_of(use->handle, use));
     // Bound, but the stream no longer in the capture (the framework ended it and has not
     // detached): ordinary work, as for the drop's stream above (found in review, 2026-12-07).
-    if (bound_use != nullptr && use->addressable() && !bound_use->captures(use->handle)) {
+    if (bound_use != nullptr && use->addressable() &&
+        !bound_use->captures(use->handle, &unknown)) {
       bound_use->unref();
       bound_use = nullptr;
     }

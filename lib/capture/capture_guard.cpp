@@ -39,6 +39,9 @@ struct Left {
   std::shared_ptr<Device> device;  // asked for the capture status of its stream
   cudaStream_t stream;             // cudaStreamPerThread: the thread's (`token`) own
   CaptureId id;                    // of an explicit stream's capture (0: any)
+  // Which entry this is: two may otherwise agree in everything (found in review, 2026-12-07: a
+  // settle that found one ended took out a later one of the same stream, still capturing).
+  std::uint64_t serial;
   // Only the thread itself can ask about its per-thread stream; any thread about an explicit one.
   bool askable_here(std::uint64_t here) const noexcept {
     return stream != cudaStreamPerThread || token == here;
@@ -49,6 +52,7 @@ struct LeftCaptures {
   std::vector<Left> left;
   std::unordered_set<std::uint64_t> watched;
   std::atomic<int> count{0};  // left.size(), read without the mutex
+  std::uint64_t serials = 0;  // the last Left::serial given
 };
 LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>(); }
 
@@ -74,10 +78,8 @@ void settle(Mine&& is_mine, Over&& over) noexcept {
       std::lock_guard<std::mutex> lock(l.mutex);
       // Another call may have settled it meanwhile (the thread itself or its exit, or for an
       // explicit stream any thread).
-      const auto it = std::find_if(l.left.begin(), l.left.end(), [&](const Left& x) {
-        return x.token == left.token && x.device == left.device && x.mode == left.mode &&
-               x.stream == left.stream && x.id == left.id;
-      });
+      const auto it = std::find_if(l.left.begin(), l.left.end(),
+                                   [&](const Left& x) { return x.serial == left.serial; });
       if (it != l.left.end()) {
         l.left.erase(it);
         l.count.fetch_sub(1, std::memory_order_relaxed);
@@ -148,7 +150,7 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
     std::lock_guard<std::mutex> lock(l.mutex);
     if (stream != cudaStreamPerThread || l.watched.count(token) != 0) {
       try {
-        l.left.push_back({mode, thread, token, std::move(device), stream, id});
+        l.left.push_back({mode, thread, token, std::move(device), stream, id, ++l.serials});
         l.count.fetch_add(1, std::memory_order_relaxed);
         return;
       } catch (const std::bad_alloc&) {

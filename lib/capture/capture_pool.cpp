@@ -197,12 +197,19 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   // A framework may have begun the capture since (attach_capture_with_pool not yet called): a
   // per-thread stream's, given up on another thread, is left to its thread as in ~CapturePool;
   // one CUDA says is capturing, to whichever thread sees it end (as in detach).
+  // The capture's id, as CUDA gives it: a later capture of a stream that reuses the handle is not
+  // this one (found in review, 2026-12-07).
   const bool askable =
       capture.stream != cudaStreamPerThread || capture.token == detail::this_thread_token();
-  if (!askable ||
-      detail::still_capturing(binding.core().device(), capture.stream, /*any capture*/ 0)) {
+  CaptureStatus status = CaptureStatus::none;
+  CaptureId id = 0;
+  const bool capturing =
+      askable &&
+      binding.core().device().capture_info(capture.stream, &status, &id) == cudaSuccess &&
+      status == CaptureStatus::active;
+  if (!askable || capturing) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
-                              binding.core().shared_device(), capture.stream, 0);
+                              binding.core().shared_device(), capture.stream, id);
   } else {
     detail::note_capture_end(capture.mode, capture.thread);
   }
@@ -235,10 +242,14 @@ CapturePool::~CapturePool() {
     // and ending that thread's own capture here would discard it (found in review, 2026-12-05).
     // A capture left under way stays counted as one (capture_guard.hpp), so that the pool makes
     // no call it would refuse, until its thread is seen to have ended it, or exits.
+    // Where CUDA refused every end and the stream still captures, it is left under way too
+    // (found in review, 2026-12-07: counted over, it let another thread's trim synchronize).
     const bool own = capture.stream != cudaStreamPerThread ||
                      capture.token == detail::this_thread_token();
-    if (own) leave_capture(binding_->core(), capture.stream, end_attempts);
-    unbind(*binding_, own);
+    const bool over =
+        own && (leave_capture(binding_->core(), capture.stream, end_attempts) ||
+                !detail::still_capturing(binding_->core().device(), capture.stream, capture.id));
+    unbind(*binding_, over);
   } else {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)
   }
