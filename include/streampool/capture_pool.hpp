@@ -81,7 +81,8 @@ class STREAMPOOL_API CapturePool {
  public:
   explicit CapturePool(MemoryPool& source);
   // Drops the registered buffers in registration order, then returns the private memory. If a
-  // capture with this pool is still under way, ends it and discards what it captured; one only
+  // capture with this pool is still under way, ends it and discards what it captured (should CUDA
+  // refuse every end, the capture stays counted as under way until CUDA reports it ended); one only
   // prepared (prepare_capture_with_pool, not attached) is given up, as detach does. A capture of
   // cudaStreamPerThread ends only on its own thread: where the last reference goes on another,
   // the capture is left under way, with no pool bound to it (its allocations through the
