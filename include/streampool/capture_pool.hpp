@@ -21,8 +21,9 @@
 //     a per-thread stream joined to it cannot allocate from the CapturePool (capture_mismatch).
 //     So is a buffer of another CapturePool's private memory dropped there: it goes back to that
 //     CapturePool once this one has gone. A buffer that the captures of several CapturePools may
-//     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a buffer of another MemoryPool
-//     that a graph uses goes back to its pool when dropped, so hand it to record_buffer instead.
+//     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a
+//     buffer of another MemoryPool that a graph uses goes back to its pool when dropped, so hand
+//     it to record_buffer instead.
 //   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
 //     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
 //     its expandable segments hold reserved (from the first growth until a trim gives an empty
@@ -223,23 +224,23 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 //     streampool::detach_capture_with_pool(pool);
 //
 // prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
-// thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once
-// it is bound, false while `stream` is not capturing yet (and, for cudaStreamPerThread, on any
-// thread but the one that prepared it, where that handle names another stream); it throws capture_mismatch when nothing
-// was prepared or when `stream` has joined a capture that another CapturePool of the same
-// MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the status
-// cannot be asked. `stream` must be the stream the framework began the capture on: one that only
-// joined a capture (begun without a pool, or by another MemoryPool's CapturePool) is taken as
-// capturing, and ending or abandoning the capture through it makes CUDA invalidate the capture
-// (an end on a joined stream is refused). An allocation or drop during
-// the capture before attach is not the pool's (it fails with capture_without_pool, or goes to the
-// shared cache). detach unbinds the stream (after the end, or to give up a prepared capture) and
-// never throws; called while the stream still captures (a caller giving up before its own end),
-// it unbinds too, and no thread makes a call the capture would refuse until CUDA reports it ended
-// (the caller still ends it). Of cudaStreamPerThread only its own thread can ask CUDA: detached
-// there before the end, the capture stays counted until that thread's next call into the library
-// (or its exit); detached on another thread, an attached capture is taken as ended, and one only
-// prepared is left to the preparing thread likewise. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
+// thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once it
+// is bound, false while `stream` is not capturing yet (and, for cudaStreamPerThread, on any thread
+// but the one that prepared it, where that handle names another stream); it throws capture_mismatch
+// when nothing was prepared or when `stream` has joined a capture that another CapturePool of the
+// same MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the
+// status cannot be asked. `stream` must be the stream the framework began the capture on: one that
+// only joined a capture (begun without a pool, or by another MemoryPool's CapturePool) is taken as
+// capturing, and ending or abandoning the capture through it makes CUDA invalidate the capture (an
+// end on a joined stream is refused). An allocation or drop during the capture before attach is not
+// the pool's (it fails with capture_without_pool, or goes to the shared cache). detach unbinds the
+// stream (after the end, or to give up a prepared capture) and never throws; called while the
+// stream still captures (a caller giving up before its own end), it unbinds too, and no thread
+// makes a call the capture would refuse until CUDA reports it ended (the caller still ends it). Of
+// cudaStreamPerThread only its own thread can ask CUDA: detached there before the end, the capture
+// stays counted until that thread's next call into the library (or its exit); detached on another
+// thread, an attached capture is taken as ended, and one only prepared is left to the preparing
+// thread likewise. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
 // keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,
