@@ -103,8 +103,11 @@ struct ExitWatch {
     }
     // Its per-thread stream's captures: CUDA ended them with the thread. An explicit stream's
     // capture goes on without it.
-    settle([token](const Left& left) { return left.stream == cudaStreamPerThread && left.token == token; },
-           [](const Left&) { return true; });
+    settle(
+        [token](const Left& left) {
+          return left.stream == cudaStreamPerThread && left.token == token;
+        },
+        [](const Left&) { return true; });
   }
 };
 thread_local ExitWatch exit_watch;
