@@ -715,3 +715,43 @@ TEST_CASE("a graph launched into many captures of one CapturePool is kept once")
   }
   CHECK(inner_pool.use_count() == before + 1);
 }
+
+// Noticed in review (2026-12-07): a capture into which a graph was launched (its CapturePool keeps
+// the launched graph's), abandoned as its own CapturePool goes mid-capture. The discarded capture
+// makes no graph: the kept pool, and with it the launched graph's memory, goes once the launched
+// graph has gone too, and the stream is out of capture.
+TEST_CASE("a CapturePool that goes during its own capture lets go of the pools of the graphs "
+          "launched into it") {
+  const bool nested = GENERATE(false, true);  // the launched graph itself launched another
+  CAPTURE(nested);
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t t = fake.create_stream();
+  cudaStream_t u = fake.create_stream();
+  CompleteReleasesAtExit at_exit;
+  auto inner_pool = std::make_shared<CapturePool>(*pool);
+  inner_pool->reserve(MiB);
+  CapturedGraph inner = capture_write(pool, inner_pool, s);
+  inner_pool.reset();
+  if (nested) {
+    auto middle_pool = std::make_shared<CapturePool>(*pool);
+    CapturedGraph middle = capture_launch(inner, middle_pool, u);
+    inner = std::move(middle);  // launches the first one's work, keeping its pool
+  }
+  auto outer_pool = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(outer_pool, t);
+  inner.launch(t);
+  outer_pool.reset();  // mid-capture: ended, what it captured discarded
+  CHECK(fake_test::capture_status(fake, t) == streampool::CaptureStatus::none);
+  inner.launch(s);  // the launched graph still replays, into memory still kept
+  fake.complete_all();
+  INFO(first_hazard(fake));
+  CHECK(fake.hazards().empty());
+  inner = CapturedGraph();
+  streampool::complete_graph_releases();
+  fake.complete_all();
+  pool->trim(0);
+  CHECK(fake.live_bytes() == 0);
+  CHECK(fake.live_graphs() == 0);
+}
