@@ -269,6 +269,10 @@ Block* CaptureBinding::allocate(StreamState& s, std::size_t bytes, Failure& erro
   return nullptr;
 }
 
+bool CaptureBinding::Capture::named_here() const noexcept {
+  return stream != cudaStreamPerThread || token == this_thread_token();
+}
+
 bool CaptureBinding::captures(cudaStream_t stream, bool* unknown) const noexcept {
   const Capture now = capture();
   if (!now.active) return false;
@@ -287,9 +291,8 @@ void CaptureBinding::drop_piece(Block* b, cudaStream_t stream, UseSpan uses) noe
   // its uses are fenced now (this drop names their streams), and what the capture's stream did
   // before the capture is covered by the fence recorded as it began. On its stream as this thread
   // names it, and while that stream is still in the capture (captures()).
-  const bool in_capture = now.active && stream == now.stream &&
-                          (stream != cudaStreamPerThread || now.token == this_thread_token()) &&
-                          captures(stream);
+  const bool in_capture =
+      now.active && stream == now.stream && now.named_here() && captures(stream);
   const bool graph_only = in_capture && b->need.index == now.id && uses.size() <= 1;
   std::vector<Need> needs;
   bool listed = true;

@@ -91,6 +91,10 @@ class CaptureBinding {
     std::thread::id thread;  // the capturing thread, as the capture guard counts it
     Need before;  // covers the stream's work enqueued before the capture began
     std::uint64_t token = 0;  // the capturing thread's this_thread_token()
+    // Whether this thread names the capture's stream by its handle, and so can ask CUDA about it:
+    // all but cudaStreamPerThread on another thread than the capturing one (there it names that
+    // thread's own stream).
+    bool named_here() const noexcept;
   };
   Capture capture() const noexcept;
   // Whether `stream`, as this thread names it, is in this binding's capture now, asked of CUDA:

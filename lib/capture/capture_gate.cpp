@@ -92,8 +92,7 @@ Block* CaptureGate::allocate(std::size_t bytes, cudaStream_t stream, const GateS
   // joined has none (capture_mismatch): its handle names another stream in every thread, the
   // capture's own among them when that is a per-thread stream (found in review, 2026-12-06).
   const CaptureBinding::Capture capture = binding->capture();
-  const bool own = capture.stream == stream &&
-                   (stream != cudaStreamPerThread || capture.token == this_thread_token());
+  const bool own = capture.stream == stream && capture.named_here();
   StreamState* s = own ? capture.origin : core_.registry().handle_state(stream, error);
   if (s == nullptr && !error) error = Errc::capture_mismatch;
   Block* b = nullptr;

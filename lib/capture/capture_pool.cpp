@@ -199,8 +199,7 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   // one CUDA says is capturing, to whichever thread sees it end (as in detach).
   // The capture's id, as CUDA gives it: a later capture of a stream that reuses the handle is not
   // this one (found in review, 2026-12-07).
-  const bool askable =
-      capture.stream != cudaStreamPerThread || capture.token == detail::this_thread_token();
+  const bool askable = capture.named_here();
   CaptureStatus status = CaptureStatus::none;
   CaptureId id = 0;
   const bool capturing =
@@ -244,8 +243,7 @@ CapturePool::~CapturePool() {
     // no call it would refuse, until its thread is seen to have ended it, or exits.
     // Where CUDA refused every end and the stream still captures, it is left under way too
     // (found in review, 2026-12-07: counted over, it let another thread's trim synchronize).
-    const bool own = capture.stream != cudaStreamPerThread ||
-                     capture.token == detail::this_thread_token();
+    const bool own = capture.named_here();
     const bool over =
         own && (leave_capture(binding_->core(), capture.stream, end_attempts) ||
                 !detail::still_capturing(binding_->core().device(), capture.stream, capture.id));
@@ -376,9 +374,7 @@ bool attach(const std::shared_ptr<CapturePool>& pool, const char* entry) {
   // On another thread, cudaStreamPerThread names that thread's own stream: only the preparing
   // thread can tell whether the prepared one began (found in review, 2026-12-07: attached from
   // another thread whose own per-thread stream was capturing, the pool bound that capture).
-  if (capture.stream == cudaStreamPerThread && capture.token != detail::this_thread_token()) {
-    return false;
-  }
+  if (!capture.named_here()) return false;
   detail::PoolCore& core = binding.core();
   CaptureStatus state = CaptureStatus::none;
   CaptureId id = 0;
@@ -425,10 +421,9 @@ void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept
   // once, it let another thread's trim synchronize the device and invalidate it). Another
   // thread's per-thread stream cannot be asked from here: taken as ended, as the caller's order
   // (end, then detach) has it.
-  const bool askable =
-      capture.stream != cudaStreamPerThread || capture.token == detail::this_thread_token();
-  unbind(binding, /*over=*/!askable || !detail::still_capturing(binding.core().device(),
-                                                                 capture.stream, capture.id));
+  unbind(binding, /*over=*/!capture.named_here() ||
+                              !detail::still_capturing(binding.core().device(), capture.stream,
+                                                       capture.id));
   safe_point();
 }
 
@@ -474,8 +469,7 @@ CapturedGraph end_capture_with_pool(cudaStream_t stream, std::shared_ptr<Capture
   const detail::CaptureBinding::Capture capture = binding.capture();
   // The per-thread default stream is another stream in every other thread: only the thread
   // that began the capture names its stream.
-  if (!capture.active || capture.stream != stream ||
-      (stream == cudaStreamPerThread && capture.token != detail::this_thread_token())) {
+  if (!capture.active || capture.stream != stream || !capture.named_here()) {
     throw Error(Errc::capture_mismatch,
                 "end_capture_with_pool: the stream is not being captured with this pool");
   }
