@@ -96,24 +96,31 @@ std::string Table::csv() const {
 Table latency_table(std::vector<std::unique_ptr<Peer>>& peers, const CompareOptions& options) {
   Table table;
   table.title = "Allocate + free pair, one stream (ns per pair, median)";
-  table.note = fmt::format("Median of {} runs; each run times batches of pairs until one takes "
-                           "{} s, every size in turn (a slow spell of the machine falls on all "
-                           "sizes alike). streampool pairs are PooledBuffer lives.",
+  table.note = fmt::format("Median of {} runs; each run times every allocator at every size in "
+                           "turn, batches of pairs until one takes {} s (a slow spell of the "
+                           "machine falls on all allocators and sizes alike). streampool pairs "
+                           "are PooledBuffer lives.",
                            options.repeats, options.seconds_per_point);
   table.header.push_back("allocator");
   for (std::size_t bytes : options.sizes) table.header.push_back(bytes_label(bytes));
   cudaStream_t stream = new_stream();
-  for (auto& peer : peers) {
-    std::vector<std::string> row{peer->name()};
-    std::vector<std::vector<double>> runs(options.sizes.size());
-    for (int r = 0; r < options.repeats; ++r) {
+  // runs[p][i]: allocator p's times at size i, one a run. The runs go round the allocators (a
+  // slow spell of a host once fell on the first two rows alone: h100-c5a6381.md).
+  std::vector<std::vector<std::vector<double>>> runs(
+      peers.size(), std::vector<std::vector<double>>(options.sizes.size()));
+  for (int r = 0; r < options.repeats; ++r) {
+    for (std::size_t p = 0; p < peers.size(); ++p) {
       for (std::size_t i = 0; i < options.sizes.size(); ++i) {
-        runs[i].push_back(time_pairs(*peer, options.sizes[i], stream, options.seconds_per_point));
+        runs[p][i].push_back(
+            time_pairs(*peers[p], options.sizes[i], stream, options.seconds_per_point));
       }
     }
-    for (const auto& of_size : runs) row.push_back(format_ns(median(of_size)));
-    peer->forget_stream(stream);
-    peer->release_cached();
+  }
+  for (std::size_t p = 0; p < peers.size(); ++p) {
+    std::vector<std::string> row{peers[p]->name()};
+    for (const auto& of_size : runs[p]) row.push_back(format_ns(median(of_size)));
+    peers[p]->forget_stream(stream);
+    peers[p]->release_cached();
     table.rows.push_back(std::move(row));
   }
   cudaStreamDestroy(stream);
