@@ -439,3 +439,33 @@ TEST_CASE("a detach on another thread than the capturing one, before its end, ke
   CHECK(capture_status(fake, s) == CaptureStatus::none);
   CHECK(trim_elsewhere_synchronizes(pool));
 }
+
+TEST_CASE("a detach before the caller's end whose status query CUDA refuses leaves the capture "
+          "counted") {
+  // Found by the model check's framework variant once its end counts an invalidated capture under
+  // a fault too (seeds 53018 and 53122): the capture was taken as ended, and the detach's own safe
+  // point (or another thread's trim) freed memory during the global capture.
+  const bool attached = GENERATE(true, false);
+  CAPTURE(attached);
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  // Another MemoryPool, destroyed during the capture: its memory goes back at a later safe point.
+  auto scratch = std::make_unique<streampool::MemoryPool>(pool.device, test_options());
+  Bytes::alloc_async(*scratch, MiB, fake.create_stream()).reset();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  if (attached) REQUIRE(streampool::attach_capture_with_pool(capture));
+  const auto frees = fake.calls(FakeDevice::Call::free);
+  scratch.reset();
+  fake.fail_next(FakeDevice::Call::capture_info, 1);  // CUDA cannot tell, once
+  streampool::detach_capture_with_pool(capture);      // before the caller's end
+  CHECK(fake.calls(FakeDevice::Call::free) == frees);
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_and_discard(fake, s);
+  CHECK(trim_elsewhere_synchronizes(pool));  // seen ended
+  CHECK(fake.calls(FakeDevice::Call::free) > frees);
+}

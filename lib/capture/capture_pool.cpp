@@ -199,14 +199,14 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   // one CUDA says is capturing, to whichever thread sees it end (as in detach).
   // The capture's id, as CUDA gives it: a later capture of a stream that reuses the handle is not
   // this one (found in review, 2026-12-07).
+  // Where CUDA cannot tell (the status query fails), it may still capture: left too, with id 0.
   const bool askable = capture.named_here();
   CaptureStatus status = CaptureStatus::none;
   CaptureId id = 0;
-  const bool capturing =
+  const bool told =
       askable &&
-      binding.core().device().capture_info(capture.stream, &status, &id) == cudaSuccess &&
-      status == CaptureStatus::active;
-  if (!askable || capturing) {
+      binding.core().device().capture_info(capture.stream, &status, &id) == cudaSuccess;
+  if (!told || status == CaptureStatus::active) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
                               binding.core().shared_device(), capture.stream, id);
   } else {
@@ -420,10 +420,18 @@ void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept
   // capture stays counted until it is seen ended (noticed in review, 2026-12-07: counted over at
   // once, it let another thread's trim synchronize the device and invalidate it). Another
   // thread's per-thread stream cannot be asked from here: taken as ended, as the caller's order
-  // (end, then detach) has it.
-  unbind(binding, /*over=*/!capture.named_here() ||
-                              !detail::still_capturing(binding.core().device(), capture.stream,
-                                                       capture.id));
+  // (end, then detach) has it. Where CUDA cannot tell (the status query fails), it may still
+  // capture: left too (found in review, 2026-12-07: taken as ended, the detach's own safe point
+  // freed a destroyed pool's memory and invalidated the caller's global capture).
+  bool over = true;
+  if (capture.named_here()) {
+    CaptureStatus status = CaptureStatus::none;
+    CaptureId now = 0;
+    const bool told =
+        binding.core().device().capture_info(capture.stream, &status, &now) == cudaSuccess;
+    over = told && !(status == CaptureStatus::active && now == capture.id);
+  }
+  unbind(binding, over);
   safe_point();
 }
 
