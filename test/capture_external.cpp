@@ -300,6 +300,19 @@ bool trim_elsewhere_synchronizes(Pool& pool) {
   REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
   REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
 }
+// The capture on `s` stays counted while CUDA captures it (another thread's trim does not
+// synchronize the device); then the caller ends it, and the pool frees what it holds.
+template <class Pool>
+void counted_until_ended(Pool& pool, cudaStream_t s) {
+  FakeDevice& fake = pool.fake();
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  pool->trim(0);
+  fake.complete_all();
+}
 }  // namespace
 
 TEST_CASE("a settle of a left capture takes out that one, not a later one of the same stream "
@@ -332,13 +345,7 @@ TEST_CASE("a settle of a left capture takes out that one, not a later one of the
   streampool::detach_capture_with_pool(second);
   resume.set_value();
   settler.join();
-  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
-  CHECK(capture_status(fake, s) == CaptureStatus::active);
-  cudaGraph_t graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
-  pool->trim(0);
-  fake.complete_all();
+  counted_until_ended(pool, s);
 }
 
 TEST_CASE("a capture left on a destroyed stream is not taken for a capture of a stream that "
@@ -377,13 +384,7 @@ TEST_CASE("a CapturePool dropped mid-capture whose every end CUDA refuses leaves
   fake.fail_next(FakeDevice::Call::end_capture, 4);
   capture.reset();
   REQUIRE(capture_status(fake, s) == CaptureStatus::active);
-  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
-  CHECK(capture_status(fake, s) == CaptureStatus::active);
-  cudaGraph_t graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
-  pool->trim(0);
-  fake.complete_all();
+  counted_until_ended(pool, s);
 }
 
 TEST_CASE("thread-local mode, a detach before the end: the capturing thread's calls and "
