@@ -6,16 +6,18 @@
 // of the same options, each with its own CudaDevice as compare's peers have, all on one stream,
 // and times a PooledBuffer pair of B bytes on each in turn, R rounds (a slow spell of the host
 // falls on every pool alike). It prints each pool's median and where its hot objects lie: the
-// PoolCore, the stream's state, its free lists, the block a pair gets, each as the address, its
-// offset in a 4 KiB page and in a 64-byte line, so that a slow pool can be matched to a layout
-// (a line another thread writes, or two hot addresses 4 KiB apart).
+// PoolCore, the stream's state, its free lists, the block a pair gets and the MemoryPool object,
+// each as the address, its offset in a 4 KiB page and in a 64-byte line, so that a slow pool can
+// be matched to a layout (a line another thread writes, or two hot addresses 4 KiB apart).
 //
 // `warm` first creates CUDA's context (cudaFree(0)) and two pools that are then destroyed, so
 // that the pools timed are not the first objects made beside the context's own.
 //
 // Not built by default: `cmake --build BUILD --target streampool-probe-objects`, then
 //
-//   BUILD/bench/streampool-probe-objects [P=8] [B=256] [checks=none|full] [R=7] [warm]
+//   BUILD/bench/streampool-probe-objects [P=8] [B=256] [R=7] [checks=none|full] [warm]
+//
+// First run: bench/results/h100-compare-7a4bb3c.md (a host where no pool was slow).
 #include "pool_core.hpp"
 #include "stream_registry.hpp"
 
@@ -130,7 +132,7 @@ int main(int argc, char** argv) {
     where("lists", state != nullptr ? state->free.get() : nullptr);
     std::printf("\n");
     where("block", block);
-    where("stack", &v);
+    where("pool", &pool);
     std::printf("\n");
     if (block != nullptr) streampool::detail::release_block(block, stream);
   }
