@@ -164,11 +164,11 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
   note_capture_end(mode, thread);  // its thread has exited: nothing can end it now
 }
 
-bool still_capturing(Device& device, cudaStream_t stream, CaptureId id) noexcept {
-  CaptureStatus status = CaptureStatus::none;
-  CaptureId now = 0;
-  return device.capture_info(stream, &status, &now) == cudaSuccess &&
-         status == CaptureStatus::active && (id == 0 || now == id);
+GateStatus capture_now(Device& device, cudaStream_t stream) noexcept {
+  GateStatus now;
+  now.error = device.capture_info(stream, &now.status, &now.id);
+  if (now.error != cudaSuccess || now.status != CaptureStatus::active) now.id = 0;
+  return now;
 }
 
 void settle_left_captures() noexcept {
@@ -176,14 +176,16 @@ void settle_left_captures() noexcept {
   const std::uint64_t here = this_thread_token();
   settle([here](const Left& left) { return left.askable_here(here); },
          [](const Left& left) {
-           if (left.stream != cudaStreamPerThread) {
-             // Ended, or (where CUDA cannot tell: a stream destroyed since) taken as ended.
-             return !still_capturing(*left.device, left.stream, left.id);
-           }
-           CaptureStatus status = CaptureStatus::active;
-           return left.device->capture_info(cudaStreamPerThread, &status, nullptr) ==
-                      cudaSuccess &&
-                  status == CaptureStatus::none;
+           const GateStatus now = capture_now(*left.device, left.stream);
+           // This thread's per-thread stream: over only when CUDA says nothing captures there.
+           if (left.stream == cudaStreamPerThread) return now.ordinary();
+           // An explicit stream's: no longer active, or its stream gone (destroyed since, or
+           // its context). Where CUDA cannot tell for another reason, it stays counted: taken as
+           // ended, a ~CapturePool whose every end and status query failed had its own safe point
+           // count the capture over (found 2026-12-07), and another thread's trim synchronized.
+           const bool gone = now.error == cudaErrorInvalidResourceHandle ||
+                             now.error == cudaErrorContextIsDestroyed;
+           return gone || (now.error == cudaSuccess && !now.active(left.id));
          });
 }
 

@@ -4,6 +4,8 @@
 // Restricted). This is where the pool's calls_allowed() is defined.
 #pragma once
 
+#include "../pool/gate.hpp"
+
 #include <streampool/device.hpp>
 
 #include <cstdint>
@@ -31,9 +33,10 @@ void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
                        CaptureId id = 0) noexcept;
-// Whether `stream` (an explicit stream, or this thread's per-thread one) still captures: capture
-// `id`, or with id 0 any capture. False where CUDA cannot tell.
-bool still_capturing(Device& device, cudaStream_t stream, CaptureId id) noexcept;
+// The capture status of `stream` (an explicit stream, or this thread's per-thread one) and the id
+// of a capture under way, in one query: the one reading for every caller that lets a capture go
+// or counts a left one over (GateStatus::active, maybe_active, ordinary say what it means).
+GateStatus capture_now(Device& device, cudaStream_t stream) noexcept;
 // Counts over each capture left to the calling thread, or of an explicit stream, that CUDA says
 // has ended.
 void settle_left_captures() noexcept;

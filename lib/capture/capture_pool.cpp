@@ -91,12 +91,9 @@ bool leave_capture(detail::PoolCore& core, cudaStream_t stream, int attempts) no
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = device.end_capture(stream, &graph);
     if (graph != nullptr) destroy_graph(core, graph);
-    CaptureStatus status = CaptureStatus::active;
-    if (device.capture_info(stream, &status, nullptr) == cudaSuccess) {
-      if (status == CaptureStatus::none) return true;
-    } else if (ended == cudaSuccess) {
-      return true;  // ended, though its status cannot be asked
-    }
+    const detail::GateStatus now = detail::capture_now(device, stream);
+    // Ended, or the end succeeded though the status cannot be asked.
+    if (now.ordinary() || (now.error != cudaSuccess && ended == cudaSuccess)) return true;
   }
   return false;
 }
@@ -201,14 +198,11 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   // this one (found in review, 2026-12-07).
   // Where CUDA cannot tell (the status query fails), it may still capture: left too, with id 0.
   const bool askable = capture.named_here();
-  CaptureStatus status = CaptureStatus::none;
-  CaptureId id = 0;
-  const bool told =
-      askable &&
-      binding.core().device().capture_info(capture.stream, &status, &id) == cudaSuccess;
-  if (!told || status == CaptureStatus::active) {
+  const detail::GateStatus now =
+      askable ? detail::capture_now(binding.core().device(), capture.stream) : detail::GateStatus{};
+  if (!askable || now.maybe_active()) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
-                              binding.core().shared_device(), capture.stream, id);
+                              binding.core().shared_device(), capture.stream, now.id);
   } else {
     detail::note_capture_end(capture.mode, capture.thread);
   }
@@ -243,10 +237,14 @@ CapturePool::~CapturePool() {
     // no call it would refuse, until its thread is seen to have ended it, or exits.
     // Where CUDA refused every end and the stream still captures, it is left under way too
     // (found in review, 2026-12-07: counted over, it let another thread's trim synchronize).
+    // Where CUDA cannot tell whether it still captures, it is left too (found in review,
+    // 2026-12-07, as in detach: taken as ended, another thread's trim synchronized the device
+    // during the global capture).
     const bool own = capture.named_here();
     const bool over =
         own && (leave_capture(binding_->core(), capture.stream, end_attempts) ||
-                !detail::still_capturing(binding_->core().device(), capture.stream, capture.id));
+                !detail::capture_now(binding_->core().device(), capture.stream)
+                     .maybe_active(capture.id));
     unbind(*binding_, over);
   } else {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)
@@ -423,14 +421,9 @@ void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept
   // (end, then detach) has it. Where CUDA cannot tell (the status query fails), it may still
   // capture: left too (found in review, 2026-12-07: taken as ended, the detach's own safe point
   // freed a destroyed pool's memory and invalidated the caller's global capture).
-  bool over = true;
-  if (capture.named_here()) {
-    CaptureStatus status = CaptureStatus::none;
-    CaptureId now = 0;
-    const bool told =
-        binding.core().device().capture_info(capture.stream, &status, &now) == cudaSuccess;
-    over = told && !(status == CaptureStatus::active && now == capture.id);
-  }
+  const bool over =
+      !capture.named_here() ||
+      !detail::capture_now(binding.core().device(), capture.stream).maybe_active(capture.id);
   unbind(binding, over);
   safe_point();
 }

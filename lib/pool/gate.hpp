@@ -71,6 +71,13 @@ struct GateStatus {
   bool capturing() const noexcept { return error == cudaSuccess && status != CaptureStatus::none; }
   bool ordinary() const noexcept { return error == cudaSuccess && status == CaptureStatus::none; }
   bool invalidated() const noexcept { return status == CaptureStatus::invalidated; }
+  // Capture `of` (0: any) is active on the stream (the id asked too: the capture layer's
+  // capture_now). An invalidated capture is not: it records nothing more.
+  bool active(CaptureId of = 0) const noexcept {
+    return error == cudaSuccess && status == CaptureStatus::active && (of == 0 || id == of);
+  }
+  // Active, or CUDA could not tell: a capture let go now stays counted as under way.
+  bool maybe_active(CaptureId of = 0) const noexcept { return error != cudaSuccess || active(of); }
 };
 // The status alone first: every checked allocation asks it, and almost always there is no
 // capture (the status alone costs 15-20 ns on the H200, with the id 18-27; a same-stream pair
