@@ -373,6 +373,22 @@ TEST_CASE("a capture left on a destroyed stream is not taken for a capture of a 
   fake.complete_all();
 }
 
+TEST_CASE("a capture left on a stream destroyed since is counted over at the next settle") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  end_and_discard(fake, s);
+  fake.destroy_stream(s);  // before any thread saw the capture end
+  // Its status cannot be asked now (an invalid handle): the stream is gone, and so its capture.
+  CHECK(trim_elsewhere_synchronizes(pool));
+}
+
 TEST_CASE("a CapturePool dropped mid-capture whose every end CUDA refuses leaves the "
           "capture counted") {
   PoolOnFake pool;
