@@ -483,3 +483,53 @@ TEST_CASE("probe a stream that waits on a captured event", "[.probe]") {
   cudaStreamDestroy(joined);
   SUCCEED("printed");
 }
+
+// Run by name, apart from the other probes (it may crash the process: cudaStreamGetId on a
+// destroyed stream's handle did, on the H200 with CUDA 13.0). A capture the pool left under way
+// (detached before the caller's end) is settled by asking its stream's capture status, which
+// the caller may have destroyed by then: what do the capture queries answer on a destroyed
+// stream's handle, and on a new stream that got the same handle? The pool reads
+// cudaErrorInvalidResourceHandle and cudaErrorContextIsDestroyed as "the stream is gone"
+// (lib/capture/capture_guard.cpp, settle_left_captures).
+TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroyed-handle]") {
+  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  using CaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+  void* is_fn = nullptr;
+  void* info_fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &is_fn, 10000, cudaEnableDefault,
+                                           &found) == cudaSuccess);
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuStreamGetCaptureInfo", &info_fn, 12030,
+                                           cudaEnableDefault, &found) == cudaSuccess);
+  const auto ask = [&](const char* what, cudaStream_t s) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    cuuint64_t id = 0;
+    std::printf("probe: asking %s\n", what);
+    std::fflush(stdout);
+    const CUresult is = reinterpret_cast<IsCapturing>(is_fn)(reinterpret_cast<CUstream>(s), &status);
+    std::printf("probe: %-64s -> cuStreamIsCapturing %d, status %d\n", what, static_cast<int>(is),
+                static_cast<int>(status));
+    std::fflush(stdout);
+    status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    const CUresult info = reinterpret_cast<CaptureInfo>(info_fn)(
+        reinterpret_cast<CUstream>(s), &status, &id, nullptr, nullptr, nullptr, nullptr);
+    std::printf("probe: %-64s -> cuStreamGetCaptureInfo %d, status %d\n", what,
+                static_cast<int>(info), static_cast<int>(status));
+    cudaStreamCaptureStatus runtime_status = cudaStreamCaptureStatusActive;
+    report("  cudaStreamIsCapturing", cudaStreamIsCapturing(s, &runtime_status));
+    std::fflush(stdout);
+  };
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(end(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  ask("destroyed stream (captured, ended, then destroyed)", s);
+  cudaStream_t again = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking) == cudaSuccess);
+  std::printf("probe:   a new stream got the same handle: %s\n", again == s ? "yes" : "no");
+  if (again != s) ask("destroyed stream, another stream created since", s);
+  REQUIRE(cudaStreamDestroy(again) == cudaSuccess);
+  SUCCEED("printed");
+}
