@@ -484,6 +484,57 @@ TEST_CASE("probe a stream that waits on a captured event", "[.probe]") {
   SUCCEED("printed");
 }
 
+// What CUDA refuses while a capture is invalidated and not yet ended. The fake device takes an
+// invalidated capture as restricting nothing more (FakeDevice's refuse_if_restricted skips it),
+// and the pool counts a left capture of an explicit stream over once CUDA reports it no longer
+// active (capture_guard.cpp, settle_left_captures): were CUDA to refuse these calls until the
+// end, the pool's next cudaMalloc or synchronize would fail rather than wait for it.
+TEST_CASE("probe the calls CUDA refuses during an invalidated capture", "[.probe]") {
+  cudaStream_t s = nullptr;
+  cudaStream_t other = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t outside = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(outside, other) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
+  const struct {
+    cudaStreamCaptureMode mode;
+    const char* name;
+  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
+               {cudaStreamCaptureModeThreadLocal, "thread-local"}};
+  char what[160];
+  for (const auto& m : modes) {
+    const auto each = [&](const char* call, auto&& fn_call) {
+      REQUIRE(cudaStreamBeginCapture(s, m.mode) == cudaSuccess);
+      REQUIRE(gpu_test::launch_noop(s) == cudaSuccess);
+      cudaDeviceSynchronize();  // refused, and the capture is invalidated
+      cudaGetLastError();
+      std::snprintf(what, sizeof what, "[%s, invalidated] %s", m.name, call);
+      report(what, fn_call(), s);
+      report("  end capture", end(s));
+    };
+    each("cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); });
+    each("cudaMalloc + cudaFree", [] {
+      void* p = nullptr;
+      const cudaError_t made = cudaMalloc(&p, 1 << 21);
+      if (made != cudaSuccess) return made;
+      return cudaFree(p);
+    });
+    each("cudaStreamSynchronize(other stream)", [&] { return cudaStreamSynchronize(other); });
+    each("cudaEventQuery(outside event)", [&] { return cudaEventQuery(outside); });
+    each("cudaDeviceSynchronize from another thread", [] {
+      cudaError_t r = cudaErrorUnknown;
+      std::thread([&] { r = cudaDeviceSynchronize(); }).join();
+      return r;
+    });
+  }
+  REQUIRE(cudaEventDestroy(outside) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
+  SUCCEED("printed");
+}
+
 // Run by name, apart from the other probes (it may crash the process: cudaStreamGetId on a
 // destroyed stream's handle did, on the H200 with CUDA 13.0). A capture the pool left under way
 // (detached before the caller's end) is settled by asking its stream's capture status, which
