@@ -326,7 +326,7 @@ TEST_CASE("a settle of a left capture takes out that one, not a later one of the
   auto second = std::make_shared<CapturePool>(*pool);
   streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
   REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  streampool::detach_capture_with_pool(first);  // given up before attach: left, id 0
+  streampool::detach_capture_with_pool(first);  // given up before attach: left, with its id
   end_and_discard(fake, s);                     // the framework's end
   std::promise<void> paused;
   std::promise<void> resume;
@@ -493,4 +493,71 @@ TEST_CASE("a detach before the caller's end whose status query CUDA refuses leav
   end_and_discard(fake, s);
   CHECK(trim_elsewhere_synchronizes(pool));  // seen ended
   CHECK(fake.calls(FakeDevice::Call::free) > frees);
+}
+
+// Found in review (2026-12-07) of c1aee1b: ~CapturePool ended whatever capture its stream had,
+// not only its own. Between the framework's end and a detach that never came (its error path),
+// the stream was captured again for another MemoryPool: dropping the first CapturePool ended,
+// and discarded, that other capture.
+TEST_CASE("a CapturePool dropped after the caller's end and no detach leaves a later capture of "
+          "its stream alone") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto first = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(first));
+  end_and_discard(fake, s);  // the framework's end; no detach
+  // The framework captures the stream again, with another MemoryPool's CapturePool.
+  streampool::MemoryPool other_pool(pool.device, test_options());
+  auto second = std::make_shared<CapturePool>(other_pool);
+  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(second));
+  first.reset();  // the first graph's owner goes
+  CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  streampool::detach_capture_with_pool(second);
+  second.reset();
+  pool->trim(0);
+  fake.complete_all();
+}
+
+// Found in review (2026-12-07) of c1aee1b: the legacy stream never captures (CUDA refuses to
+// begin a capture there), but its status query fails (cudaErrorStreamCaptureImplicit) while any
+// blocking stream captures. A capture prepared on it and given up then was left (unprepare: CUDA
+// could not tell), and settle_left_captures kept it counted as c1aee1b keeps every failure but a
+// stream gone: a phantom global capture refused every thread's cudaMalloc (and every synchronize
+// and free) for as long as an unrelated capture of a per-thread stream lasted.
+TEST_CASE("a capture prepared on the legacy stream and given up while a per-thread stream "
+          "captures restricts nothing") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, other); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, nullptr, CaptureMode::global);
+  std::promise<bool> begun;
+  std::promise<void> done;
+  std::thread capturing([&] {  // a capture of its own, without a pool, in relaxed mode
+    begun.set_value(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+    done.get_future().wait();
+    cudaGraph_t graph = nullptr;
+    if (fake.end_capture(cudaStreamPerThread, &graph) == cudaSuccess) fake.graph_destroy(graph);
+  });
+  const bool began = begun.get_future().get();
+  streampool::detach_capture_with_pool(capture);  // gives up the preparation
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);  // needs a cudaMalloc
+  CHECK(began);
+  INFO(error.message());
+  CHECK_FALSE(error);
+  grown.reset();
+  done.set_value();
+  capturing.join();
+  pool->trim(0);
+  fake.complete_all();
 }

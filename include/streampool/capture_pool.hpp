@@ -83,7 +83,9 @@ class STREAMPOOL_API CapturePool {
   explicit CapturePool(MemoryPool& source);
   // Drops the registered buffers in registration order, then returns the private memory. If a
   // capture with this pool is still under way, ends it and discards what it captured (should CUDA
-  // refuse every end, the capture stays counted as under way until CUDA reports it ended); one only
+  // refuse every end, or be unable to tell, the capture stays counted as under way until CUDA
+  // reports it ended); where its stream no longer has that capture (the caller ended it and never
+  // detached), nothing is ended, not even a later capture of the stream; one only
   // prepared (prepare_capture_with_pool, not attached) is given up, as detach does. A capture of
   // cudaStreamPerThread ends only on its own thread: where the last reference goes on another,
   // the capture is left under way, with no pool bound to it (its allocations through the
@@ -238,9 +240,11 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // stream still captures (a caller giving up before its own end), it unbinds too, and no thread
 // makes a call the capture would refuse until CUDA reports it ended (the caller still ends it). Of
 // cudaStreamPerThread only its own thread can ask CUDA: detached there before the end, the capture
-// stays counted until that thread's next call into the library (or its exit); detached on another
-// thread, an attached capture is taken as ended, and one only prepared is left to the preparing
-// thread likewise. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
+// stays counted until that thread, at a safe point of the capture layer (as for ~CapturePool) or
+// at a call the count refuses, sees it ended (or exits); detached on another thread, an attached
+// capture is taken as ended (the order end, then detach, is the caller's: a detach there before
+// the end lets other threads synchronize during the capture, which CUDA then invalidates), and
+// one only prepared is left to the preparing thread likewise. The graph is the caller's: nothing ties the pool's lifetime to it, so the caller
 // keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,

@@ -167,6 +167,14 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
 GateStatus capture_now(Device& device, cudaStream_t stream) noexcept {
   GateStatus now;
   now.error = device.capture_info(stream, &now.status, &now.id);
+  if (now.error == cudaErrorStreamCaptureImplicit) {
+    // The legacy stream, asked while a blocking stream captures: it never captures itself (CUDA
+    // refuses to begin a capture there). Read as a failure, a capture prepared on it and given
+    // up then stayed counted for as long as the other capture lasted (found in review,
+    // 2026-12-07).
+    now.error = cudaSuccess;
+    now.status = CaptureStatus::none;
+  }
   if (now.error != cudaSuccess || now.status != CaptureStatus::active) now.id = 0;
   return now;
 }
@@ -181,8 +189,9 @@ void settle_left_captures() noexcept {
            if (left.stream == cudaStreamPerThread) return now.ordinary();
            // An explicit stream's: no longer active, or its stream gone (destroyed since, or
            // its context). Where CUDA cannot tell for another reason, it stays counted: taken as
-           // ended, a ~CapturePool whose every end and status query failed had its own safe point
-           // count the capture over (found 2026-12-07), and another thread's trim synchronized.
+           // ended, the capture of a ~CapturePool whose every end and status query failed was
+           // counted over at the next settle (found 2026-12-07), and another thread's trim
+           // synchronized the device during it.
            const bool gone = now.error == cudaErrorInvalidResourceHandle ||
                              now.error == cudaErrorContextIsDestroyed;
            return gone || (now.error == cudaSuccess && !now.active(left.id));

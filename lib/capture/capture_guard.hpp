@@ -19,16 +19,19 @@ namespace streampool::detail {
 void note_capture_begin(CaptureMode mode, std::thread::id thread);
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 
-// Left captures: captures under way that the library no longer binds nor ends, so they stay
-// counted (calls_allowed() keeps refusing what they would refuse) until CUDA says they ended.
-// - Of cudaStreamPerThread, when its CapturePool went on another thread (capture_pool.hpp): only
-//   the thread whose stream captures can ask, at one of its own safe points
-//   (settle_left_captures); counted over when it exits. The capturing thread calls
-//   watch_capturing_thread() when it begins a capture; `token` is its this_thread_token(). One
-//   left by a thread that has exited is counted over at once.
-// - Of an explicit stream, when detach_capture_with_pool came before the caller's own end: any
-//   thread asks, at its safe points and at the first call the capture would refuse. `id` is the
-//   capture's (0 where it was never attached: then any capture of the stream counts as it).
+// Left captures: captures that may be under way (CUDA says so, or cannot tell) which the library
+// no longer binds nor ends, so they stay counted (calls_allowed() keeps refusing what they would
+// refuse) until CUDA says they are over.
+// - Of cudaStreamPerThread, when its CapturePool went on another thread (capture_pool.hpp), or
+//   was detached or given up on its own thread before the caller's end: only the thread whose
+//   stream captures can ask, at one of its own safe points (settle_left_captures); counted over
+//   when it exits. The capturing thread calls watch_capturing_thread() when it begins a capture;
+//   `token` is its this_thread_token(). One left by a thread that has exited is counted over at
+//   once.
+// - Of an explicit stream, detached or given up before the caller's own end, or whose every end
+//   CUDA refused as its CapturePool went: any thread asks, at its safe points and at the first
+//   call the capture would refuse. `id` is the capture's as CUDA gave it (0 where CUDA could
+//   not tell: then any capture of the stream counts as it).
 void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
@@ -37,8 +40,10 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
 // of a capture under way, in one query: the one reading for every caller that lets a capture go
 // or counts a left one over (GateStatus::active, maybe_active, ordinary say what it means).
 GateStatus capture_now(Device& device, cudaStream_t stream) noexcept;
-// Counts over each capture left to the calling thread, or of an explicit stream, that CUDA says
-// has ended.
+// Counts over each capture left to the calling thread that CUDA says is over (nothing captures
+// on its stream), and each capture left on an explicit stream that CUDA says is no longer active
+// (ended or invalidated) or whose stream is gone (destroyed since: an invalid handle, or its
+// context destroyed). Where CUDA cannot tell for another reason, the capture stays counted.
 void settle_left_captures() noexcept;
 
 }  // namespace streampool::detail

@@ -227,24 +227,24 @@ CapturePool::CapturePool(MemoryPool& source)
 CapturePool::~CapturePool() {
   const detail::CaptureBinding::Capture capture = binding_->capture();
   if (capture.active) {
-    // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture. If CUDA
-    // refuses every end, the stream is let go anyway: nothing could end it through this pool.
-    // Nor can another thread end a per-thread stream's: there cudaStreamPerThread names a stream
-    // of its own, perhaps capturing for another pool (found in review, 2026-12-05).
-    // The thread is told by its token: a later thread may get an exited one's std::thread::id,
-    // and ending that thread's own capture here would discard it (found in review, 2026-12-05).
-    // A capture left under way stays counted as one (capture_guard.hpp), so that the pool makes
-    // no call it would refuse, until its thread is seen to have ended it, or exits.
-    // Where CUDA refused every end and the stream still captures, it is left under way too
-    // (found in review, 2026-12-07: counted over, it let another thread's trim synchronize).
-    // Where CUDA cannot tell whether it still captures, it is left too (found in review,
-    // 2026-12-07, as in detach: taken as ended, another thread's trim synchronized the device
-    // during the global capture).
-    const bool own = capture.named_here();
-    const bool over =
-        own && (leave_capture(binding_->core(), capture.stream, end_attempts) ||
-                !detail::capture_now(binding_->core().device(), capture.stream)
-                     .maybe_active(capture.id));
+    // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture. Only
+    // this thread can: another thread's cudaStreamPerThread names a stream of its own, perhaps
+    // capturing for another pool (found in review, 2026-12-05; the thread is told by its token,
+    // since glibc gives an exited thread's std::thread::id to the next). And only this capture:
+    // where the stream captures nothing now, or another capture (the caller ended this one,
+    // never detached, and began another, for another pool), ours is over and nothing is ended
+    // (found in review, 2026-12-07: that other capture was ended and discarded). A capture not
+    // ended here (another thread's, every end refused, or CUDA cannot tell) is left under way,
+    // still counted (capture_guard.hpp), until a thread sees it ended (found in review,
+    // 2026-12-07: counted over, it let another thread's trim synchronize the device).
+    bool over = false;
+    if (capture.named_here()) {
+      Device& device = binding_->core().device();
+      const detail::GateStatus now = detail::capture_now(device, capture.stream);
+      const bool ours_gone = now.ordinary() || (now.active() && !now.active(capture.id));
+      over = ours_gone || leave_capture(binding_->core(), capture.stream, end_attempts) ||
+             !detail::capture_now(device, capture.stream).maybe_active(capture.id);
+    }
     unbind(*binding_, over);
   } else {
     unprepare(*binding_);  // prepared and never attached (or nothing prepared: nothing to do)

@@ -582,5 +582,26 @@ TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroy
   std::printf("probe:   a new stream got the same handle: %s\n", again == s ? "yes" : "no");
   if (again != s) ask("destroyed stream, another stream created since", s);
   REQUIRE(cudaStreamDestroy(again) == cudaSuccess);
+
+  // The origin of a capture destroyed while a stream that joined it still captures: does the
+  // capture go on, on the joined stream? (The pool counts a left capture over once its stream's
+  // handle is invalid: were the capture to go on elsewhere, it would be counted over early.)
+  cudaStream_t origin = nullptr;
+  cudaStream_t joined = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&joined, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t fork = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(origin, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, origin) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(joined, fork, 0) == cudaSuccess);
+  report("cudaStreamDestroy(origin of a capture a stream joined)", cudaStreamDestroy(origin),
+         joined);
+  ask("destroyed origin", origin);
+  ask("the joined stream", joined);
+  report("cudaStreamEndCapture(joined)", end(joined), joined);
+  ask("the joined stream after its end", joined);
+  report("cudaStreamDestroy(joined)", cudaStreamDestroy(joined));
+  cudaEventDestroy(fork);
   SUCCEED("printed");
 }
