@@ -561,3 +561,112 @@ TEST_CASE("a capture prepared on the legacy stream and given up while a per-thre
   pool->trim(0);
   fake.complete_all();
 }
+
+// Checked in the review of 8db7c4f (2026-12-07): an invalidated capture bound to a dropped
+// CapturePool (status invalidated, no id: neither ordinary nor active) is still ended.
+TEST_CASE("a CapturePool dropped with its capture invalidated ends it") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto first = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(first));
+  REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
+  REQUIRE(capture_status(fake, s) == CaptureStatus::invalidated);
+  first.reset();
+  CHECK(capture_status(fake, s) == CaptureStatus::none);
+  CHECK(trim_elsewhere_synchronizes(pool));  // counted over
+}
+
+// Found in review (2026-12-07) of 8db7c4f: attach binds a capture already invalidated with id 0
+// (CUDA gives no id for an invalidated capture), and ~CapturePool's "another capture" check could
+// never hold for it: after the caller's (refused) end and no detach, a later capture of the
+// stream for another MemoryPool was ended and discarded by the drop.
+TEST_CASE("a CapturePool attached to an invalidated capture, dropped after the caller's end "
+          "and no detach, leaves a later capture of its stream alone") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto first = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
+  REQUIRE(streampool::attach_capture_with_pool(first));  // bound, with id 0
+  cudaGraph_t graph = nullptr;
+  CHECK(fake.end_capture(s, &graph) == cudaErrorStreamCaptureInvalidated);  // caller's end
+  // The framework captures the stream again, with another MemoryPool's CapturePool.
+  streampool::MemoryPool other_pool(pool.device, test_options());
+  auto second = std::make_shared<CapturePool>(other_pool);
+  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(second));
+  first.reset();
+  CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
+  graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  streampool::detach_capture_with_pool(second);
+  second.reset();
+  pool->trim(0);
+  fake.complete_all();
+}
+
+// Found in review (2026-12-07) of 8db7c4f: ~CapturePool's first status query, refused once, was
+// read as neither "nothing" nor "another capture": the drop went on to leave_capture, which ends
+// whatever the stream captures, here a later capture for another MemoryPool.
+TEST_CASE("a CapturePool dropped after the caller's end and no detach, its status query refused "
+          "once, leaves a later capture of its stream alone") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto first = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(first));
+  end_and_discard(fake, s);  // the framework's end; no detach
+  streampool::MemoryPool other_pool(pool.device, test_options());
+  auto second = std::make_shared<CapturePool>(other_pool);
+  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(second));
+  fake.fail_next(FakeDevice::Call::capture_info, 1);  // CUDA cannot tell, once
+  first.reset();
+  fake.fail_next(FakeDevice::Call::capture_info, 0);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);
+  if (graph != nullptr) fake.graph_destroy(graph);
+  streampool::detach_capture_with_pool(second);
+  second.reset();
+  pool->trim(0);
+  fake.complete_all();
+}
+
+// Found in review (2026-12-07), older than 8db7c4f: attach to an invalidated capture bound id 0
+// in the gate, and CaptureGate::unbind(key, 0) never took it out: a stale (later dangling)
+// binding stayed, and the next attach to an invalidated capture with another CapturePool was
+// refused.
+TEST_CASE("two CapturePools attached in turn to invalidated captures of one pool") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  std::vector<std::shared_ptr<CapturePool>> kept;
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    auto c = std::make_shared<CapturePool>(*pool);
+    kept.push_back(c);
+    streampool::prepare_capture_with_pool(c, s, CaptureMode::global);
+    REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+    REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);
+    bool attached = false;
+    try { attached = streampool::attach_capture_with_pool(c); } catch (const std::exception& e) { INFO(e.what()); CHECK(false); }
+    CHECK(attached);
+    cudaGraph_t graph = nullptr;
+    fake.end_capture(s, &graph);
+    streampool::detach_capture_with_pool(c);
+  }
+  pool->trim(0);
+  fake.complete_all();
+}

@@ -85,7 +85,8 @@ class STREAMPOOL_API CapturePool {
   // capture with this pool is still under way, ends it and discards what it captured (should CUDA
   // refuse every end, or be unable to tell, the capture stays counted as under way until CUDA
   // reports it ended); where its stream no longer has that capture (the caller ended it and never
-  // detached), nothing is ended, not even a later capture of the stream; one only
+  // detached), nothing is ended, not even a later active capture of the stream (an invalidated
+  // one carries no id, and is ended: docs/design.md); one only
   // prepared (prepare_capture_with_pool, not attached) is given up, as detach does. A capture of
   // cudaStreamPerThread ends only on its own thread: where the last reference goes on another,
   // the capture is left under way, with no pool bound to it (its allocations through the

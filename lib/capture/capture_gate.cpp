@@ -27,6 +27,11 @@ bool CaptureGate::bind_stream(const void* key, CaptureBinding* binding) {
 }
 
 bool CaptureGate::bind_capture(CaptureId id, CaptureBinding* binding) {
+  // A capture attached while already invalidated has no id (CUDA gives none): nothing finds it
+  // by one, and it makes no graph. Registered under 0, it was never taken out again (unbind
+  // takes out only a real id), and the next attach to an invalidated capture by another
+  // CapturePool was refused (found in review, 2026-12-07).
+  if (id == 0) return true;
   bool added = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -27,7 +27,8 @@ class CaptureGate final : public Gate {
   static const void* key_of(cudaStream_t stream, const StreamState* state) noexcept;
 
   // Binds the stream (false: another binding has it) and, once the capture has begun, its id
-  // (false: another binding has the capture, which the stream joined).
+  // (false: another binding has the capture, which the stream joined; id 0, an invalidated
+  // capture's, is not bound).
   bool bind_stream(const void* key, CaptureBinding* binding);
   bool bind_capture(CaptureId id, CaptureBinding* binding);
   void unbind(const void* key, CaptureId id) noexcept;

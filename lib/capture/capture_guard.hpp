@@ -31,7 +31,8 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 // - Of an explicit stream, detached or given up before the caller's own end, or whose every end
 //   CUDA refused as its CapturePool went: any thread asks, at its safe points and at the first
 //   call the capture would refuse. `id` is the capture's as CUDA gave it (0 where CUDA could
-//   not tell: then any capture of the stream counts as it).
+//   not tell, or gave none, for a capture attached already invalidated: then any active
+//   capture of the stream counts as it).
 void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,

@@ -237,13 +237,25 @@ CapturePool::~CapturePool() {
     // ended here (another thread's, every end refused, or CUDA cannot tell) is left under way,
     // still counted (capture_guard.hpp), until a thread sees it ended (found in review,
     // 2026-12-07: counted over, it let another thread's trim synchronize the device).
+    // Whose capture the stream has now: asked up to end_attempts times; where CUDA never tells,
+    // nothing is ended and the capture is left (found in review, 2026-12-07: one refused query,
+    // and the drop ended another pool's capture). Ours while active with its id; a capture bound
+    // with no id (attached while already invalidated: CUDA gives none) cannot be active again,
+    // so any active capture is another's. An invalidated capture cannot be told apart (CUDA
+    // gives no id for it): it is ended, ours being the likelier (docs/design.md says the limit).
     bool over = false;
     if (capture.named_here()) {
       Device& device = binding_->core().device();
-      const detail::GateStatus now = detail::capture_now(device, capture.stream);
-      const bool ours_gone = now.ordinary() || (now.active() && !now.active(capture.id));
-      over = ours_gone || leave_capture(binding_->core(), capture.stream, end_attempts) ||
-             !detail::capture_now(device, capture.stream).maybe_active(capture.id);
+      detail::GateStatus now = detail::capture_now(device, capture.stream);
+      for (int asked = 1; asked < end_attempts && now.error != cudaSuccess; ++asked) {
+        now = detail::capture_now(device, capture.stream);
+      }
+      const bool ours_active = capture.id != 0 && now.active(capture.id);
+      const bool ours_gone = now.ordinary() || (now.active() && !ours_active);
+      if (now.error == cudaSuccess) {
+        over = ours_gone || leave_capture(binding_->core(), capture.stream, end_attempts) ||
+               !detail::capture_now(device, capture.stream).maybe_active(capture.id);
+      }
     }
     unbind(*binding_, over);
   } else {
