@@ -495,29 +495,41 @@ TEST_CASE("a detach before the caller's end whose status query CUDA refuses leav
   CHECK(fake.calls(FakeDevice::Call::free) > frees);
 }
 
-// Found in review (2026-12-07) of c1aee1b: ~CapturePool ended whatever capture its stream had,
-// not only its own. Between the framework's end and a detach that never came (its error path),
-// the stream was captured again for another MemoryPool: dropping the first CapturePool ended,
-// and discarded, that other capture.
+// Found in review (2026-12-07) of c1aee1b and of 8db7c4f: ~CapturePool ended whatever capture its
+// stream had, not only its own. Between the framework's end and a detach that never came (its
+// error path), the stream was captured again for another MemoryPool: dropping the first
+// CapturePool ended, and discarded, that other capture. Then again where the first capture was
+// attached already invalidated (bound with no id: CUDA gives none), and where the drop's status
+// query was refused once.
 TEST_CASE("a CapturePool dropped after the caller's end and no detach leaves a later capture of "
           "its stream alone") {
+  enum class First { ended, invalidated_at_attach, query_refused };
+  const First how = GENERATE(First::ended, First::invalidated_at_attach, First::query_refused);
+  CAPTURE(static_cast<int>(how));
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   auto first = std::make_shared<CapturePool>(*pool);
   streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
   REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  if (how == First::invalidated_at_attach) {
+    REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
+  }
   REQUIRE(streampool::attach_capture_with_pool(first));
-  end_and_discard(fake, s);  // the framework's end; no detach
+  cudaGraph_t graph = nullptr;
+  fake.end_capture(s, &graph);  // the framework's end; no detach
+  if (graph != nullptr) fake.graph_destroy(graph);
   // The framework captures the stream again, with another MemoryPool's CapturePool.
   streampool::MemoryPool other_pool(pool.device, test_options());
   auto second = std::make_shared<CapturePool>(other_pool);
   streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
   REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
   REQUIRE(streampool::attach_capture_with_pool(second));
+  if (how == First::query_refused) fake.fail_next(FakeDevice::Call::capture_info, 1);
   first.reset();  // the first graph's owner goes
+  fake.fail_next(FakeDevice::Call::capture_info, 0);
   CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
-  cudaGraph_t graph = nullptr;
+  graph = nullptr;
   fake.end_capture(s, &graph);
   if (graph != nullptr) fake.graph_destroy(graph);
   streampool::detach_capture_with_pool(second);
@@ -578,70 +590,6 @@ TEST_CASE("a CapturePool dropped with its capture invalidated ends it") {
   first.reset();
   CHECK(capture_status(fake, s) == CaptureStatus::none);
   CHECK(trim_elsewhere_synchronizes(pool));  // counted over
-}
-
-// Found in review (2026-12-07) of 8db7c4f: attach binds a capture already invalidated with id 0
-// (CUDA gives no id for an invalidated capture), and ~CapturePool's "another capture" check could
-// never hold for it: after the caller's (refused) end and no detach, a later capture of the
-// stream for another MemoryPool was ended and discarded by the drop.
-TEST_CASE("a CapturePool attached to an invalidated capture, dropped after the caller's end "
-          "and no detach, leaves a later capture of its stream alone") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t s = fake.create_stream();
-  auto first = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
-  REQUIRE(streampool::attach_capture_with_pool(first));  // bound, with id 0
-  cudaGraph_t graph = nullptr;
-  CHECK(fake.end_capture(s, &graph) == cudaErrorStreamCaptureInvalidated);  // caller's end
-  // The framework captures the stream again, with another MemoryPool's CapturePool.
-  streampool::MemoryPool other_pool(pool.device, test_options());
-  auto second = std::make_shared<CapturePool>(other_pool);
-  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(second));
-  first.reset();
-  CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
-  graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
-  streampool::detach_capture_with_pool(second);
-  second.reset();
-  pool->trim(0);
-  fake.complete_all();
-}
-
-// Found in review (2026-12-07) of 8db7c4f: ~CapturePool's first status query, refused once, was
-// read as neither "nothing" nor "another capture": the drop went on to leave_capture, which ends
-// whatever the stream captures, here a later capture for another MemoryPool.
-TEST_CASE("a CapturePool dropped after the caller's end and no detach, its status query refused "
-          "once, leaves a later capture of its stream alone") {
-  PoolOnFake pool;
-  FakeDevice& fake = pool.fake();
-  cudaStream_t s = fake.create_stream();
-  auto first = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(first));
-  end_and_discard(fake, s);  // the framework's end; no detach
-  streampool::MemoryPool other_pool(pool.device, test_options());
-  auto second = std::make_shared<CapturePool>(other_pool);
-  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(second));
-  fake.fail_next(FakeDevice::Call::capture_info, 1);  // CUDA cannot tell, once
-  first.reset();
-  fake.fail_next(FakeDevice::Call::capture_info, 0);
-  CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
-  cudaGraph_t graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
-  streampool::detach_capture_with_pool(second);
-  second.reset();
-  pool->trim(0);
-  fake.complete_all();
 }
 
 // Found in review (2026-12-07), older than 8db7c4f: attach to an invalidated capture bound id 0
