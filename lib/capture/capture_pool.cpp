@@ -230,19 +230,17 @@ CapturePool::~CapturePool() {
     // Abandoned mid-capture: end it (discarding the graph) so the stream leaves capture. Only
     // this thread can: another thread's cudaStreamPerThread names a stream of its own, perhaps
     // capturing for another pool (found in review, 2026-12-05; the thread is told by its token,
-    // since glibc gives an exited thread's std::thread::id to the next). And only this capture:
-    // where the stream captures nothing now, or another capture (the caller ended this one,
-    // never detached, and began another, for another pool), ours is over and nothing is ended
-    // (found in review, 2026-12-07: that other capture was ended and discarded). A capture not
-    // ended here (another thread's, every end refused, or CUDA cannot tell) is left under way,
-    // still counted (capture_guard.hpp), until a thread sees it ended (found in review,
-    // 2026-12-07: counted over, it let another thread's trim synchronize the device).
-    // Whose capture the stream has now: asked up to end_attempts times; where CUDA never tells,
-    // nothing is ended and the capture is left (found in review, 2026-12-07: one refused query,
-    // and the drop ended another pool's capture). Ours while active with its id; a capture bound
-    // with no id (attached while already invalidated: CUDA gives none) cannot be active again,
-    // so any active capture is another's. An invalidated capture cannot be told apart (CUDA
-    // gives no id for it): it is ended, ours being the likelier (docs/design.md says the limit).
+    // since glibc gives an exited thread's std::thread::id to the next). And only this capture,
+    // so the stream's is asked first (up to end_attempts times): ours while active with its id;
+    // where the stream captures nothing, or another active capture (the caller ended ours, never
+    // detached, and began another, for another pool), ours is over and nothing is ended. A
+    // capture bound with no id (attached already invalidated: CUDA gives none) cannot be active
+    // again, so any active capture is another's; an invalidated one cannot be told apart (no id)
+    // and is ended, ours being the likelier (docs/design.md). A capture not ended here (another
+    // thread's, every end refused, or CUDA never tells) is left under way, still counted
+    // (capture_guard.hpp), until a thread sees it over. (Found in review, 2026-12-07: counted
+    // over, a capture let another thread's trim synchronize the device; and the drop ended
+    // another pool's capture, also after one refused query.)
     bool over = false;
     if (capture.named_here()) {
       Device& device = binding_->core().device();
