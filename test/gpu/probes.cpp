@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <span>
 #include <thread>
 
 namespace {
@@ -34,6 +35,14 @@ void report(const char* what, cudaError_t status, cudaStream_t capturing = nullp
   cudaGetLastError();
 }
 
+// Every capture mode, with the name the probes print.
+constexpr struct {
+  cudaStreamCaptureMode mode;
+  const char* name;
+} capture_modes[] = {{cudaStreamCaptureModeGlobal, "global"},
+                     {cudaStreamCaptureModeThreadLocal, "thread-local"},
+                     {cudaStreamCaptureModeRelaxed, "relaxed"}};
+
 cudaError_t end(cudaStream_t stream) {
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(stream, &graph);
@@ -53,12 +62,7 @@ TEST_CASE("probe what CUDA refuses and allows around capture", "[.probe]") {
   REQUIRE(cudaEventRecord(outside, other) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
 
-  const struct {
-    cudaStreamCaptureMode mode;
-    const char* name;
-  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
-               {cudaStreamCaptureModeThreadLocal, "thread-local"},
-               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  const auto& modes = capture_modes;
   char what[160];
   for (const auto& m : modes) {
     cudaStreamBeginCapture(s, m.mode);
@@ -152,12 +156,7 @@ TEST_CASE("probe stream ids and capture queries during capture", "[.probe]") {
   cudaStream_t other = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
-  const struct {
-    cudaStreamCaptureMode mode;
-    const char* name;
-  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
-               {cudaStreamCaptureModeThreadLocal, "thread-local"},
-               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  const auto& modes = capture_modes;
   char what[160];
   unsigned long long id = 0;
   for (const auto& m : modes) {
@@ -382,12 +381,7 @@ TEST_CASE("probe the legacy stream while a blocking stream captures", "[.probe]"
   } capturing[] = {{cudaStreamPerThread, "per-thread"},
                    {blocking, "blocking"},
                    {non_blocking, "non-blocking"}};
-  const struct {
-    cudaStreamCaptureMode mode;
-    const char* name;
-  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
-               {cudaStreamCaptureModeThreadLocal, "thread-local"},
-               {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  const auto& modes = capture_modes;
   char what[160];
   for (const auto& c : capturing) {
     for (const auto& m : modes) {
@@ -498,11 +492,8 @@ TEST_CASE("probe the calls CUDA refuses during an invalidated capture", "[.probe
   REQUIRE(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming) == cudaSuccess);
   REQUIRE(cudaEventRecord(outside, other) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
-  const struct {
-    cudaStreamCaptureMode mode;
-    const char* name;
-  } modes[] = {{cudaStreamCaptureModeGlobal, "global"},
-               {cudaStreamCaptureModeThreadLocal, "thread-local"}};
+  // The modes that restrict calls (a relaxed capture restricts none).
+  const auto modes = std::span(capture_modes).first(2);
   char what[160];
   for (const auto& m : modes) {
     const auto each = [&](const char* call, auto&& fn_call) {
