@@ -15,11 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <new>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 using streampool::FakeDevice;
@@ -910,4 +912,76 @@ TEST_CASE("a drop with more capture candidates than it keeps in place lets each 
     CHECK(fake->live_bytes() == 0);
     CHECK(fake->live_events() == 0);
   });
+}
+
+namespace {
+// Does a trim on another thread synchronize the device (which CUDA refuses, invalidating it,
+// during a global capture)?
+bool trim_elsewhere_synchronizes(MemoryPool& pool, FakeDevice& fake) {
+  const auto before = fake.calls(Call::device_synchronize);
+  std::thread([&] { pool.trim(0); }).join();
+  return fake.calls(Call::device_synchronize) > before;
+}
+}  // namespace
+
+// Noticed 2026-12-07, fixed 2026-12-07 (the next session): a capture given up while CUDA still
+// captured it (a detach before the caller's end) whose note found no host memory was counted
+// over at once, as if its thread had exited: another thread's trim then synchronized the device
+// during the global capture. Now the note's room is taken when the capture begins. (The room is
+// the process's: in a process of its own, as ctest runs each test, the note is its first.)
+TEST_CASE("a capture left under way when host memory has run out stays counted") {
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    cudaStream_t s = fake->create_stream("captured");
+    { auto warm = Bytes::alloc_async(pool, MiB, fake->create_stream()); }
+    auto capture = std::make_shared<streampool::CapturePool>(pool);
+    streampool::begin_capture_with_pool(capture, s, streampool::CaptureMode::global);
+    {
+      const HostMemoryRunsOut out(1, true);
+      streampool::detach_capture_with_pool(capture);  // before the end: left under way
+    }
+    CHECK_FALSE(trim_elsewhere_synchronizes(pool, *fake));
+    streampool::CaptureStatus status = streampool::CaptureStatus::none;
+    REQUIRE(fake->capture_info(s, &status, nullptr) == cudaSuccess);
+    CHECK(status == streampool::CaptureStatus::active);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(fake->end_capture(s, &graph) == cudaSuccess);
+    REQUIRE(fake->graph_destroy(graph) == cudaSuccess);
+    CHECK(trim_elsewhere_synchronizes(pool, *fake));  // seen ended by that thread's settle
+    capture.reset();
+    fake->complete_all();
+  }
+  CHECK(fake->live_bytes() == 0);
+}
+
+// Noticed as the fix above was made: a thread that exited with a per-thread capture left to it
+// and no host memory at its exit kept the capture counted for the life of the process (its
+// settle could not copy the list it settles): no thread's trim synchronized the device again.
+TEST_CASE("a thread that exits when host memory has run out lets the per-thread captures left "
+          "to it go") {
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    { auto warm = Bytes::alloc_async(pool, MiB, fake->create_stream()); }
+    auto capture = std::make_shared<streampool::CapturePool>(pool);
+    std::promise<void> begun;
+    std::promise<void> dropped;
+    std::thread capturing([&] {
+      streampool::begin_capture_with_pool(capture, cudaStreamPerThread,
+                                          streampool::CaptureMode::global);
+      begun.set_value();
+      dropped.get_future().wait();
+      fail_countdown = 1;  // for the thread's exit: its thread_local objects' destructors
+      fail_onward = true;
+    });
+    begun.get_future().wait();
+    capture.reset();  // on another thread: its per-thread capture is left to it
+    CHECK_FALSE(trim_elsewhere_synchronizes(pool, *fake));
+    dropped.set_value();
+    capturing.join();  // CUDA ends a thread's per-thread captures with it
+    CHECK(trim_elsewhere_synchronizes(pool, *fake));
+    fake->complete_all();
+  }
+  CHECK(fake->live_bytes() == 0);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -49,7 +50,12 @@ struct Left {
 };
 struct LeftCaptures {
   std::mutex mutex;
+  // Each entry is a capture noted begun and not yet noted ended, so left.size() <= begun; and
+  // left.capacity() >= begun, room taken as each begins (note_capture_begin, which may throw):
+  // a note (note_capture_left, which may not) never needs host memory. Found 2026-12-07: a note
+  // that found none counted its capture over while CUDA still captured it.
   std::vector<Left> left;
+  std::size_t begun = 0;
   std::unordered_set<std::uint64_t> watched;
   std::atomic<int> count{0};  // left.size(), read without the mutex
   std::uint64_t serials = 0;  // the last Left::serial given
@@ -57,36 +63,41 @@ struct LeftCaptures {
 LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>(); }
 
 // Takes out the left captures `mine` selects for which `over` holds; their notes end after.
+// One at a time, in the order of their serials, each copied out of the list (no host memory:
+// a thread's exit may find none, and its per-thread captures stayed counted for the life of the
+// process, found 2026-12-07); `over` is asked with no lock held.
 template <class Mine, class Over>
 void settle(Mine&& is_mine, Over&& over) noexcept {
   LeftCaptures& l = left_captures();
-  std::vector<Left> mine;
-  {
-    std::lock_guard<std::mutex> lock(l.mutex);
-    try {
-      for (const Left& left : l.left) {
-        if (is_mine(left)) mine.push_back(left);
+  std::uint64_t after = 0;  // the serial last looked at
+  for (;;) {
+    std::optional<Left> next;
+    {
+      std::lock_guard<std::mutex> lock(l.mutex);
+      for (const Left& left : l.left) {  // in the order of their serials
+        if (left.serial > after && is_mine(left)) {
+          next = left;
+          break;
+        }
       }
-    } catch (const std::bad_alloc&) {
-      return;  // still counted: calls stay refused, which is safe
     }
-  }
-  for (const Left& left : mine) {
-    if (!over(left)) continue;
+    if (!next) return;
+    after = next->serial;
+    if (!over(*next)) continue;
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(l.mutex);
       // Another call may have settled it meanwhile (the thread itself or its exit, or for an
       // explicit stream any thread).
       const auto it = std::find_if(l.left.begin(), l.left.end(),
-                                   [&](const Left& x) { return x.serial == left.serial; });
+                                   [&](const Left& x) { return x.serial == next->serial; });
       if (it != l.left.end()) {
         l.left.erase(it);
         l.count.fetch_sub(1, std::memory_order_relaxed);
         found = true;
       }
     }
-    if (found) note_capture_end(left.mode, left.thread);
+    if (found) note_capture_end(next->mode, next->thread);
   }
 }
 
@@ -115,10 +126,23 @@ thread_local ExitWatch exit_watch;
 }  // namespace
 
 void note_capture_begin(CaptureMode mode, std::thread::id thread) {
+  LeftCaptures& l = left_captures();
+  {
+    // The room of its note, should it be left under way (LeftCaptures::left).
+    std::lock_guard<std::mutex> lock(l.mutex);
+    l.left.reserve(l.begun + 1);
+    ++l.begun;
+  }
   if (mode == CaptureMode::thread_local_) {
-    std::lock_guard<std::mutex> lock(per_thread().mutex);
-    ++per_thread().count[thread];
-    thread_local_captures.fetch_add(1);
+    try {
+      std::lock_guard<std::mutex> lock(per_thread().mutex);
+      ++per_thread().count[thread];
+      thread_local_captures.fetch_add(1);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(l.mutex);
+      --l.begun;
+      throw;
+    }
   } else if (mode == CaptureMode::global) {
     global_captures.fetch_add(1);
   }
@@ -126,6 +150,12 @@ void note_capture_begin(CaptureMode mode, std::thread::id thread) {
 }
 
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
+  {
+    LeftCaptures& l = left_captures();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    STREAMPOOL_ASSERT(l.begun > l.left.size());  // this capture's is not among the notes
+    --l.begun;
+  }
   gate_engagements.fetch_sub(1, std::memory_order_acq_rel);
   if (mode == CaptureMode::global) {
     global_captures.fetch_sub(1);
@@ -152,13 +182,11 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
     LeftCaptures& l = left_captures();
     std::lock_guard<std::mutex> lock(l.mutex);
     if (stream != cudaStreamPerThread || l.watched.count(token) != 0) {
-      try {
-        l.left.push_back({mode, thread, token, std::move(device), stream, id, ++l.serials});
-        l.count.fetch_add(1, std::memory_order_relaxed);
-        return;
-      } catch (const std::bad_alloc&) {
-        // Not kept: counted over below, as if its thread had exited.
-      }
+      // Its room was taken as it began: no host memory is needed.
+      STREAMPOOL_ASSERT(l.left.size() < l.begun && l.begun <= l.left.capacity());
+      l.left.push_back({mode, thread, token, std::move(device), stream, id, ++l.serials});
+      l.count.fetch_add(1, std::memory_order_relaxed);
+      return;
     }
   }
   note_capture_end(mode, thread);  // its thread has exited: nothing can end it now

@@ -15,7 +15,8 @@
 namespace streampool::detail {
 
 // Called before cudaStreamBeginCapture (so that no thread sees the capture under way without
-// knowing of it) and after the capture is over, whatever its outcome.
+// knowing of it) and after the capture is over, whatever its outcome. The begin may throw (out
+// of host memory): it takes the room of the capture's note, should it be left (below).
 void note_capture_begin(CaptureMode mode, std::thread::id thread);
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 
@@ -33,6 +34,8 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 //   call the capture would refuse. `id` is the capture's as CUDA gave it (0 where CUDA could
 //   not tell, or gave none, for a capture attached already invalidated: then any active
 //   capture of the stream counts as it).
+// A note needs no host memory (its room was taken as the capture began), and neither does a
+// settle: a left capture is never counted over for want of host memory.
 void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
