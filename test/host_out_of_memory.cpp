@@ -985,3 +985,99 @@ TEST_CASE("a thread that exits when host memory has run out lets the per-thread 
   }
   CHECK(fake->live_bytes() == 0);
 }
+
+// A begin that finds no host memory (its note's room, or a thread-local capture's count) counts
+// nothing; and room for the notes of every capture under way was taken: four left with no host
+// memory stay counted (review of the fix above, 2026-12-07).
+TEST_CASE("a capture begin that runs out of host memory counts nothing and captures begun after "
+          "it stay counted when left with no host memory") {
+  const auto mode = GENERATE(streampool::CaptureMode::global, streampool::CaptureMode::thread_local_,
+                             streampool::CaptureMode::relaxed);
+  CAPTURE(static_cast<int>(mode));
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    { auto warm = Bytes::alloc_async(pool, MiB, fake->create_stream()); }
+    std::vector<cudaStream_t> streams;
+    std::vector<std::shared_ptr<streampool::CapturePool>> pools;
+    for (int i = 0; i < 4; ++i) {
+      streams.push_back(fake->create_stream("captured"));
+      pools.push_back(std::make_shared<streampool::CapturePool>(pool));
+    }
+    long failed_begins = 0;
+    for (int i = 0; i < 4; ++i) {
+      for (long n = 1; n < 50; ++n) {
+        failures = 0;
+        bool threw = false;
+        {
+          const HostMemoryRunsOut out(n, false);
+          try {
+            streampool::begin_capture_with_pool(pools[i], streams[i], mode);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          } catch (const streampool::Error& e) {
+            CHECK(e.errc() == streampool::Errc::out_of_memory);
+            threw = true;
+          }
+        }
+        if (!threw) break;
+        ++failed_begins;
+        // Nothing of the failed begin is counted.
+        streampool::CaptureStatus status = streampool::CaptureStatus::none;
+        REQUIRE(fake->capture_info(streams[i], &status, nullptr) == cudaSuccess);
+        CHECK(status == streampool::CaptureStatus::none);
+        if (i == 0) CHECK(trim_elsewhere_synchronizes(pool, *fake));
+      }
+    }
+    CHECK(failed_begins > 0);
+    // Four under way: each left with no host memory stays counted.
+    for (int i = 0; i < 4; ++i) {
+      const HostMemoryRunsOut out(1, true);
+      streampool::detach_capture_with_pool(pools[i]);
+    }
+    CHECK_FALSE(trim_elsewhere_synchronizes(pool, *fake));
+    for (int i = 0; i < 4; ++i) {
+      cudaGraph_t graph = nullptr;
+      REQUIRE(fake->end_capture(streams[i], &graph) == cudaSuccess);
+      REQUIRE(fake->graph_destroy(graph) == cudaSuccess);
+    }
+    CHECK(trim_elsewhere_synchronizes(pool, *fake));
+    pools.clear();
+    fake->complete_all();
+  }
+  CHECK(fake->live_bytes() == 0);
+}
+
+// Settles on several threads at once: each left capture is counted over once (a second count
+// would let calls through during another capture).
+TEST_CASE("settles on four threads at once count each left capture over once") {
+  auto fake = std::make_shared<FakeDevice>();
+  {
+    MemoryPool pool(std::make_shared<DeviceWithMemory>(fake), test_options());
+    { auto warm = Bytes::alloc_async(pool, MiB, fake->create_stream()); }
+    for (int round = 0; round < 50; ++round) {
+      constexpr int k = 8;
+      std::vector<cudaStream_t> streams;
+      std::vector<std::shared_ptr<streampool::CapturePool>> pools;
+      for (int i = 0; i < k; ++i) {
+        streams.push_back(fake->create_stream("captured"));
+        pools.push_back(std::make_shared<streampool::CapturePool>(pool));
+        streampool::begin_capture_with_pool(pools[i], streams[i], streampool::CaptureMode::relaxed);
+        streampool::detach_capture_with_pool(pools[i]);  // left under way
+      }
+      for (int i = 0; i < k; ++i) {
+        cudaGraph_t graph = nullptr;
+        REQUIRE(fake->end_capture(streams[i], &graph) == cudaSuccess);
+        REQUIRE(fake->graph_destroy(graph) == cudaSuccess);
+      }
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t) threads.emplace_back([&] { pool.trim(0); });
+      for (auto& t : threads) t.join();
+      CHECK(trim_elsewhere_synchronizes(pool, *fake));
+      pools.clear();
+      for (cudaStream_t s : streams) fake->destroy_stream(s);
+    }
+    fake->complete_all();
+  }
+  CHECK(fake->live_bytes() == 0);
+}

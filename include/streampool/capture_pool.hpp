@@ -259,7 +259,8 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // one fails with Errc::capture_forbids_call, or its reclaim skips that step). For a framework that
 // begins captures itself and lets the pool allocate for them on a stream that is not captured
 // (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
-// `thread` is the thread whose calls a thread-local capture restricts.
+// `thread` is the thread whose calls a thread-local capture restricts. The constructor throws
+// std::bad_alloc where host memory has run out (nothing is then counted).
 class STREAMPOOL_API CaptureNotice {
  public:
   explicit CaptureNotice(CaptureMode mode, std::thread::id thread = std::this_thread::get_id());

@@ -74,12 +74,11 @@ void settle(Mine&& is_mine, Over&& over) noexcept {
     std::optional<Left> next;
     {
       std::lock_guard<std::mutex> lock(l.mutex);
-      for (const Left& left : l.left) {  // in the order of their serials
-        if (left.serial > after && is_mine(left)) {
-          next = left;
-          break;
-        }
-      }
+      // In the order of their serials (appended so, erased in place): past the last looked at.
+      const auto from = std::partition_point(l.left.begin(), l.left.end(),
+                                             [&](const Left& x) { return x.serial <= after; });
+      const auto it = std::find_if(from, l.left.end(), is_mine);
+      if (it != l.left.end()) next = *it;
     }
     if (!next) return;
     after = next->serial;
