@@ -453,9 +453,10 @@ struct FakeDevice::State {
     return cudaSuccess;
   }
 
-  // For a call CUDA considers unsafe during capture: an active global capture, whoever began it,
-  // or an active thread-local one begun by this thread, refuses it and is invalidated (as CUDA
-  // does, seen on the H200). Relaxed captures restrict nobody.
+  // For a call CUDA considers unsafe during capture: a global capture, whoever began it, or a
+  // thread-local one begun by this thread, refuses it and is invalidated (as CUDA does, seen on
+  // the H200); one already invalidated refuses it too until it ends (seen on an H100,
+  // 2026-12-07). Relaxed captures restrict nobody.
   // Querying or waiting for an event recorded in a capture: refused, and the capture it was
   // recorded in is invalidated (seen on the H200), whatever its mode.
   cudaError_t refuse_captured_event(const Event& event) {
@@ -494,7 +495,7 @@ struct FakeDevice::State {
   cudaError_t refuse_if_restricted() {
     bool refused = false;
     for (auto& [id, stream] : streams) {
-      if (!stream.capture || stream.capture->invalidated) continue;
+      if (!stream.capture) continue;
       Capture& c = *stream.capture;
       if (c.mode == CaptureMode::global ||
           (c.mode == CaptureMode::thread_local_ && c.thread == std::this_thread::get_id())) {
@@ -528,6 +529,21 @@ struct FakeDevice::State {
     }
     auto it = handles.find(handle);
     return it == handles.end() ? nullptr : &streams.at(it->second);
+  }
+
+  // The stream a device call names, as find_stream; a destroyed stream's handle that no stream
+  // has taken since is reported (Hazard::Kind::destroyed_handle) before it is refused.
+  Stream* called_stream(cudaStream_t handle, const char* call) {
+    Stream* found = find_stream(handle);
+    if (found == nullptr &&
+        std::find(free_handles.begin(), free_handles.end(), handle) != free_handles.end()) {
+      hazards.push_back({Hazard::Kind::destroyed_handle,
+                         fmt::format("{} named {}, the handle of a destroyed stream that no stream "
+                                     "has taken since (CUDA may crash: the stream's memory is "
+                                     "gone)",
+                                     call, fmt::ptr(handle))});
+    }
+    return found;
   }
 
   // Controls are the test's own calls: naming a stream that does not exist is a bug in the test.
@@ -1409,6 +1425,7 @@ const char* FakeDevice::hazard_name(Hazard::Kind kind) noexcept {
     case Hazard::Kind::unrecorded_use: return "unrecorded_use";
     case Hazard::Kind::destroyed_stream: return "destroyed_stream";
     case Hazard::Kind::unmapped_in_use: return "unmapped_in_use";
+    case Hazard::Kind::destroyed_handle: return "destroyed_handle";
   }
   return "unknown";
 }
@@ -1700,7 +1717,7 @@ cudaError_t FakeDevice::event_record(cudaEvent_t event, cudaStream_t stream) noe
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::event_record); e != cudaSuccess) return e;
   auto it = s.events.find(event);
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaEventRecord");
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
@@ -1753,7 +1770,7 @@ cudaError_t FakeDevice::stream_wait_event(cudaStream_t stream, cudaEvent_t event
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::stream_wait_event); e != cudaSuccess) return e;
   auto it = s.events.find(event);
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaStreamWaitEvent");
   if (it == s.events.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (s.implicit_dependency(*target)) return s.refuse_implicit();
   if (target->capture) {
@@ -1804,7 +1821,7 @@ cudaError_t FakeDevice::stream_synchronize(cudaStream_t stream) noexcept {
   {
     std::lock_guard lock(s.mutex);
     if (cudaError_t e = s.enter(Call::stream_synchronize); e != cudaSuccess) return e;
-    Stream* target = s.find_stream(stream);
+    Stream* target = s.called_stream(stream, "cudaStreamSynchronize");
     if (target == nullptr) return cudaErrorInvalidResourceHandle;
     if (s.implicit_dependency(*target)) return s.refuse_implicit();
     if (target->capture) {  // every mode, seen on the H200
@@ -1826,9 +1843,11 @@ cudaError_t FakeDevice::device_synchronize() noexcept {
   {
     std::lock_guard lock(s.mutex);
     if (cudaError_t e = s.enter(Call::device_synchronize); e != cudaSuccess) return e;
+    // Refused while any capture is under way, active or invalidated and not yet ended (seen on
+    // the H200 and an H100), and the capture is invalidated.
     bool refused = false;
     for (auto& [id, stream] : s.streams) {
-      if (stream.capture && !stream.capture->invalidated) {
+      if (stream.capture) {
         stream.capture->invalidated = true;
         refused = true;
       }
@@ -1848,7 +1867,7 @@ cudaError_t FakeDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::stream_id); e != cudaSuccess) return e;
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaStreamGetId");
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   // Refused on a capturing stream, in every mode, and the capture is invalidated (seen on the
   // H200); other streams' ids may be asked at any time.
@@ -1865,7 +1884,7 @@ cudaError_t FakeDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::capture_info); e != cudaSuccess) return e;
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaStreamGetCaptureInfo");
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (s.implicit_dependency(*target)) return cudaErrorStreamCaptureImplicit;  // nothing changes
   const std::shared_ptr<Capture>& capture = target->capture;
@@ -1883,7 +1902,7 @@ cudaError_t FakeDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noe
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::begin_capture); e != cudaSuccess) return e;
   if (is_legacy(stream)) return cudaErrorStreamCaptureUnsupported;  // as the H200 answers
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaStreamBeginCapture");
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (target->capture) return cudaErrorIllegalState;
   target->capture = std::make_shared<Capture>();
@@ -1898,7 +1917,7 @@ cudaError_t FakeDevice::end_capture(cudaStream_t stream, cudaGraph_t* graph) noe
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::end_capture); e != cudaSuccess) return e;
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaStreamEndCapture");
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   if (!target->capture) return cudaErrorIllegalState;
   const std::shared_ptr<Capture> ending = target->capture;
@@ -1955,7 +1974,7 @@ cudaError_t FakeDevice::graph_launch(cudaGraphExec_t exec, cudaStream_t stream) 
     std::lock_guard lock(s.mutex);
     if (cudaError_t e = s.enter(Call::graph_launch); e != cudaSuccess) return e;
     auto it = s.execs.find(exec);
-    Stream* target = s.find_stream(stream);
+    Stream* target = s.called_stream(stream, "cudaGraphLaunch");
     if (it == s.execs.end() || target == nullptr) return cudaErrorInvalidResourceHandle;
     // As a kernel launch there (probed): not a graph launch itself.
     if (s.implicit_dependency(*target)) return s.refuse_implicit();
@@ -1987,7 +2006,7 @@ cudaError_t FakeDevice::graph_upload(cudaGraphExec_t exec, cudaStream_t stream) 
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   if (cudaError_t e = s.enter(Call::graph_upload); e != cudaSuccess) return e;
-  Stream* target = s.find_stream(stream);
+  Stream* target = s.called_stream(stream, "cudaGraphUpload");
   if (!s.execs.contains(exec) || target == nullptr) return cudaErrorInvalidResourceHandle;
   if (s.implicit_dependency(*target)) return s.refuse_implicit();  // as graph_launch
   return cudaSuccess;

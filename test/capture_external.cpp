@@ -253,10 +253,15 @@ TEST_CASE("a drop between the caller's end of the capture and detach is ordinary
 // capture over at once, though CUDA still captured: a trim on another thread then synchronized
 // the device, which a global capture refuses, and the caller's end found its capture
 // invalidated.
+// And where the capture was invalidated before or after the detach, not yet ended: CUDA still
+// refuses what it would refuse (seen on an H100, 2026-12-07), so the capture stays counted until
+// CUDA says it ended; taken as over once no longer active, it let another thread's trim make a
+// device synchronize that CUDA refused.
 TEST_CASE("a detach before the caller's end leaves the capture counted until CUDA says it ended") {
   const bool attached = GENERATE(true, false);
   const bool per_thread = GENERATE(false, true);
-  CAPTURE(attached, per_thread);
+  const int invalidated = GENERATE(0, 1, 2);  // not, before the detach, after it
+  CAPTURE(attached, per_thread, invalidated);
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = per_thread ? cudaStreamPerThread : fake.create_stream();
@@ -265,20 +270,28 @@ TEST_CASE("a detach before the caller's end leaves the capture counted until CUD
   streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
   REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
   if (attached) REQUIRE(streampool::attach_capture_with_pool(capture));
+  const auto invalidate = [&] {
+    streampool::StreamId id = 0;  // asking a capturing stream's id invalidates its capture
+    REQUIRE(fake.stream_id(s, &id) == cudaErrorStreamCaptureUnsupported);
+  };
+  if (invalidated == 1) invalidate();
   streampool::detach_capture_with_pool(capture);  // before the caller's end
+  if (invalidated == 2) invalidate();
   const auto syncs = fake.calls(FakeDevice::Call::device_synchronize);
   std::thread([&] { pool->trim(0); }).join();
   CHECK(fake.calls(FakeDevice::Call::device_synchronize) == syncs);
-  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  CHECK(capture_status(fake, s) ==
+        (invalidated != 0 ? CaptureStatus::invalidated : CaptureStatus::active));
   // Detached: the capture is no longer the pool's (an allocation on its stream is refused, as
   // during any capture with no pool bound).
   std::error_code error;
   auto refused = Bytes::try_alloc_async(*pool, 1000, s, error);
   CHECK(refused.is_empty());
-  CHECK(error == Errc::capture_without_pool);
+  CHECK(error == (invalidated != 0 ? Errc::capture_invalidated : Errc::capture_without_pool));
   cudaGraph_t graph = nullptr;
-  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
-  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  REQUIRE(fake.end_capture(s, &graph) ==
+          (invalidated != 0 ? cudaErrorStreamCaptureInvalidated : cudaSuccess));
+  if (graph != nullptr) REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
   // Ended: seen at the next call the capture would have refused, on this thread (the only one
   // that can ask about its per-thread stream).
   pool->trim(0);
@@ -373,7 +386,12 @@ TEST_CASE("a capture left on a destroyed stream is not taken for a capture of a 
   fake.complete_all();
 }
 
-TEST_CASE("a capture left on a stream destroyed since is counted over at the next settle") {
+// A settle asks the status of each explicit stream with a capture left under way. It read an
+// invalid handle as "the stream is gone, and its capture": but on an H100 (2026-12-07) CUDA's
+// query of a destroyed stream's handle crashed the process. The caller has the capture seen over
+// before destroying its stream (capture_pool.hpp): release_stream does it.
+TEST_CASE("a capture left under way and ended since is seen over at release_stream, and its "
+          "stream's handle is never asked once destroyed") {
   PoolOnFake pool;
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
@@ -384,9 +402,30 @@ TEST_CASE("a capture left on a stream destroyed since is counted over at the nex
   REQUIRE(streampool::attach_capture_with_pool(capture));
   streampool::detach_capture_with_pool(capture);  // before the caller's end: left
   end_and_discard(fake, s);
-  fake.destroy_stream(s);  // before any thread saw the capture end
-  // Its status cannot be asked now (an invalid handle): the stream is gone, and so its capture.
+  pool->release_stream(s);  // seen over here
+  fake.destroy_stream(s);
   CHECK(trim_elsewhere_synchronizes(pool));
+  CHECK(fake_test::hazards_of(fake, fake_test::HazardKind::destroyed_handle).empty());
+}
+
+// The settle read cudaErrorInvalidResourceHandle as "the stream is gone, and its capture" and
+// counted the capture over; CUDA does not answer so for a destroyed stream (its query crashed the
+// process on an H100, 2026-12-07), and an answer it does give so says nothing of the capture:
+// another thread's trim then synchronized the device during the global capture.
+TEST_CASE("a settle whose status query answers an invalid handle leaves the capture counted") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  fake.fail_next(FakeDevice::Call::capture_info, 100, cudaErrorInvalidResourceHandle);
+  CHECK_FALSE(trim_elsewhere_synchronizes(pool));
+  fake.fail_next(FakeDevice::Call::capture_info, 0);
+  counted_until_ended(pool, s);
 }
 
 TEST_CASE("a CapturePool dropped mid-capture whose every end CUDA refuses leaves the "

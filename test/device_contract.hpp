@@ -384,6 +384,39 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  // Seen on an H100 (test/gpu/probes.cpp, 2026-12-07): an invalidated capture that is not yet
+  // ended refuses what an active one of its mode refuses (the fake took it as restricting nothing
+  // more, and the pool counted a left capture over once it was no longer active).
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+    DYNAMIC_SECTION("an invalidated capture not yet ended in " << contract::mode_name(mode)
+                                                               << " mode still refuses malloc, "
+                                                                  "event queries and synchronizes") {
+      cudaEvent_t event = nullptr;
+      REQUIRE(device.event_create(&event) == cudaSuccess);
+      cudaStream_t other = h.create_stream();
+      REQUIRE(device.event_record(event, other) == cudaSuccess);
+      REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
+      void* ptr = nullptr;
+      REQUIRE(device.malloc(&ptr, 4096) == cudaErrorStreamCaptureUnsupported);  // invalidates
+      REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      const cudaError_t malloc_again = device.malloc(&ptr, 4096);
+      const cudaError_t query = device.event_query(event);
+      const cudaError_t other_sync = device.stream_synchronize(other);
+      const cudaError_t device_sync = device.device_synchronize();
+      const CaptureStatus still = status_of(device, stream);
+      const cudaError_t ended = end_and_discard(device, stream);
+      CHECK(malloc_again == cudaErrorStreamCaptureUnsupported);
+      CHECK(query == cudaErrorStreamCaptureUnsupported);
+      CHECK(other_sync == cudaErrorStreamCaptureUnsupported);
+      CHECK(device_sync == cudaErrorStreamCaptureUnsupported);
+      CHECK(still == CaptureStatus::invalidated);
+      CHECK(ended == cudaErrorStreamCaptureInvalidated);
+      REQUIRE(device.device_synchronize() == cudaSuccess);  // ended: allowed again
+      REQUIRE(device.event_destroy(event) == cudaSuccess);
+      h.destroy_stream(other);
+    }
+  }
+
   SECTION("malloc and event query in relaxed mode succeed and the capture survives") {
     cudaEvent_t event = nullptr;
     REQUIRE(device.event_create(&event) == cudaSuccess);

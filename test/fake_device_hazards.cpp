@@ -285,3 +285,26 @@ TEST_CASE("unmapping memory that pending work uses is a hazard, and the work sti
   REQUIRE(f.device.vm_release(handle) == cudaSuccess);
   REQUIRE(f.device.vm_unreserve(base, 2 * granule) == cudaSuccess);
 }
+
+// On an H100 (test/gpu/probes.cpp, 2026-12-07) CUDA's capture-status query of a destroyed
+// stream's handle crashed the process: the fake reports every device call that names one, and
+// none once another stream has taken the handle.
+TEST_CASE("a device call naming a destroyed stream's handle that no stream took since is a "
+          "hazard",
+          "[fake][hazards]") {
+  FakeDevice device;
+  cudaStream_t s = device.create_stream("gone");
+  device.destroy_stream(s);
+  CaptureStatus status = CaptureStatus::none;
+  CHECK(device.capture_info(s, &status, nullptr) == cudaErrorInvalidResourceHandle);
+  streampool::StreamId id = 0;
+  CHECK(device.stream_id(s, &id) == cudaErrorInvalidResourceHandle);
+  const auto hazards = hazards_of(device, HazardKind::destroyed_handle);
+  REQUIRE(hazards.size() == 2);
+  CHECK_THAT(hazards[0].what, Catch::Contains("cudaStreamGetCaptureInfo"));
+  CHECK_THAT(hazards[1].what, Catch::Contains("cudaStreamGetId"));
+  cudaStream_t reused = device.create_stream("new");
+  REQUIRE(reused == s);
+  CHECK(device.capture_info(reused, &status, nullptr) == cudaSuccess);
+  CHECK(device.hazards().size() == 2);
+}

@@ -25,7 +25,8 @@
 //            depend on the work the event covers.
 //   events   complete when the work enqueued on their stream before the record has completed.
 //   capture  the three modes, with the calls CUDA refuses during capture refused the same way
-//            (and the capture invalidated); captured work replays when the graph is launched. A
+//            (and the capture invalidated; an invalidated capture refuses them too until it
+//            ends); captured work replays when the graph is launched. A
 //            stream that waits on an event recorded in a capture joins it, and the capture ends
 //            only once the stream is joined back (cudaErrorStreamCaptureUnjoined otherwise).
 //   faults   fail_next(call) makes the next calls of a kind fail with CUDA's error for it;
@@ -142,6 +143,10 @@ class STREAMPOOL_API FakeDevice final : public Device {
       // GPU that work faults or touches whatever is mapped there next. The fake keeps the
       // bytes readable until the end, so the work still runs.
       unmapped_in_use,
+      // A device call named a destroyed stream's handle that no stream has taken since: on an
+      // H100 CUDA's capture-status query of one crashed the process (test/gpu/probes.cpp,
+      // 2026-12-07). The fake answers cudaErrorInvalidResourceHandle, and reports it.
+      destroyed_handle,
     };
     Kind kind;
     std::string what;

@@ -43,7 +43,8 @@ struct Left {
   // Which entry this is: two may otherwise agree in everything (found in review, 2026-12-07: a
   // settle that found one ended took out a later one of the same stream, still capturing).
   std::uint64_t serial;
-  // Only the thread itself can ask about its per-thread stream; any thread about an explicit one.
+  // Only the thread itself can ask about its per-thread stream; any thread about an explicit one
+  // (which the caller does not destroy before it is seen over: capture_pool.hpp).
   bool askable_here(std::uint64_t here) const noexcept {
     return stream != cudaStreamPerThread || token == here;
   }
@@ -214,14 +215,14 @@ void settle_left_captures() noexcept {
            const GateStatus now = capture_now(*left.device, left.stream);
            // This thread's per-thread stream: over only when CUDA says nothing captures there.
            if (left.stream == cudaStreamPerThread) return now.ordinary();
-           // An explicit stream's: no longer active, or its stream gone (destroyed since, or
-           // its context). Where CUDA cannot tell for another reason, it stays counted: taken as
-           // ended, the capture of a ~CapturePool whose every end and status query failed was
-           // counted over at the next settle (found 2026-12-07), and another thread's trim
-           // synchronized the device during it.
-           const bool gone = now.error == cudaErrorInvalidResourceHandle ||
-                             now.error == cudaErrorContextIsDestroyed;
-           return gone || (now.error == cudaSuccess && !now.active(left.id));
+           // An explicit stream's: over where no capture of the stream may be it and still
+           // refuse calls (none, or another active one: a stream that took the handle of one
+           // destroyed since), or the context is gone. An
+           // invalidated capture not yet ended still refuses (seen on an H100, 2026-12-07), and
+           // where CUDA cannot tell, it stays counted: taken as ended, the capture of a
+           // ~CapturePool whose every end and status query failed was counted over at the next
+           // settle (found 2026-12-07), and another thread's trim synchronized the device.
+           return now.error == cudaErrorContextIsDestroyed || !now.restricting(left.id);
          });
 }
 

@@ -42,12 +42,14 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
                        CaptureId id = 0) noexcept;
 // The capture status of `stream` (an explicit stream, or this thread's per-thread one) and the id
 // of a capture under way, in one query: the one reading for every caller that lets a capture go
-// or counts a left one over (GateStatus::active, maybe_active, ordinary say what it means).
+// or counts a left one over (GateStatus::active, restricting, ordinary say what it means).
 GateStatus capture_now(Device& device, cudaStream_t stream) noexcept;
-// Counts over each capture left to the calling thread that CUDA says is over (nothing captures
-// on its stream), and each capture left on an explicit stream that CUDA says is no longer active
-// (ended or invalidated) or whose stream is gone (destroyed since: an invalid handle, or its
-// context destroyed). Where CUDA cannot tell for another reason, the capture stays counted.
-void settle_left_captures() noexcept;
+// settle_left_captures() (declared in gate.hpp, for release_stream) counts over each capture left
+// to the calling thread that CUDA says is over (nothing captures on its stream), and each capture
+// left on an explicit stream that can no longer refuse calls: nothing captures there, or another
+// capture, active, does (an invalidated one not yet ended still refuses), or its context is
+// destroyed. Where CUDA cannot tell, the capture stays counted. It asks each explicit stream's
+// status: the caller must not destroy the stream before the capture is seen over (CUDA's query of
+// a destroyed stream's handle crashed the process on an H100; capture_pool.hpp says how).
 
 }  // namespace streampool::detail

@@ -200,7 +200,7 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   const bool askable = capture.named_here();
   const detail::GateStatus now =
       askable ? detail::capture_now(binding.core().device(), capture.stream) : detail::GateStatus{};
-  if (!askable || now.maybe_active()) {
+  if (!askable || now.restricting()) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
                               binding.core().shared_device(), capture.stream, now.id);
   } else {
@@ -252,7 +252,7 @@ CapturePool::~CapturePool() {
       const bool ours_gone = now.ordinary() || (now.active() && !ours_active);
       if (now.error == cudaSuccess) {
         over = ours_gone || leave_capture(binding_->core(), capture.stream, end_attempts) ||
-               !detail::capture_now(device, capture.stream).maybe_active(capture.id);
+               !detail::capture_now(device, capture.stream).restricting(capture.id);
       }
     }
     unbind(*binding_, over);
@@ -433,7 +433,7 @@ void detach_capture_with_pool(const std::shared_ptr<CapturePool>& pool) noexcept
   // freed a destroyed pool's memory and invalidated the caller's global capture).
   const bool over =
       !capture.named_here() ||
-      !detail::capture_now(binding.core().device(), capture.stream).maybe_active(capture.id);
+      !detail::capture_now(binding.core().device(), capture.stream).restricting(capture.id);
   unbind(binding, over);
   safe_point();
 }

@@ -53,6 +53,12 @@ enum class Restricted {
 // Defined by the capture layer (capture_guard.cpp), over the captures begun through the library.
 bool calls_allowed(Restricted call) noexcept;
 
+// The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA
+// now says is over. release_stream calls it: the caller's way to have a capture left on a stream
+// seen over before destroying that stream (a settle asks the status of a stream it remembers,
+// and CUDA's query of a destroyed stream's handle crashed the process on an H100).
+void settle_left_captures() noexcept;
+
 // Captures with a pool under way anywhere in the program (the gate is "engaged"). While there is
 // one, every stream lookup asks the capture status before the id. Inline: the identity
 // strategy's allocation reads it (one load of a line written only when a capture begins or
@@ -76,8 +82,13 @@ struct GateStatus {
   bool active(CaptureId of = 0) const noexcept {
     return error == cudaSuccess && status == CaptureStatus::active && (of == 0 || id == of);
   }
-  // Active, or CUDA could not tell: a capture let go now stays counted as under way.
-  bool maybe_active(CaptureId of = 0) const noexcept { return error != cudaSuccess || active(of); }
+  // Capture `of` (0: any) may still refuse calls: it is active, or a capture of the stream is
+  // invalidated and not yet ended (it has no id: it may be `of`; CUDA refuses what an active one
+  // refuses until its end, seen on an H100), or CUDA could not tell. A capture let go now stays
+  // counted as under way.
+  bool restricting(CaptureId of = 0) const noexcept {
+    return error != cudaSuccess || invalidated() || active(of);
+  }
 };
 // The status alone first: every checked allocation asks it, and almost always there is no
 // capture (the status alone costs 15-20 ns on the H200, with the id 18-27; a same-stream pair

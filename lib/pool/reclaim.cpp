@@ -326,6 +326,7 @@ bool PoolCore::reclaim(int step, Failure& failed) noexcept {
 }
 
 void PoolCore::release_stream(cudaStream_t stream) {
+  settle_left_captures();  // a capture left under way on it, ended since, is seen over here
   refuse_if_gated(*device_, stream, "release_stream");  // before asking the id (gate.hpp)
   StreamId id = 0;
   throw_on_cuda_error(device_->stream_id(stream, &id), "release_stream: cudaStreamGetId");

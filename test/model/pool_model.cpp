@@ -1971,6 +1971,7 @@ void Model::check_hazards() {
     case FakeDevice::Hazard::Kind::unrecorded_use:
     case FakeDevice::Hazard::Kind::destroyed_stream:
     case FakeDevice::Hazard::Kind::unmapped_in_use:
+    case FakeDevice::Hazard::Kind::destroyed_handle:
       kind = FakeDevice::hazard_name(hazards.front().kind);
       break;
   }
