@@ -533,10 +533,13 @@ TEST_CASE("probe the calls CUDA refuses during an invalidated capture", "[.probe
 // stream's handle, and on a new stream that got the same handle? The pool reads
 // cudaErrorInvalidResourceHandle and cudaErrorContextIsDestroyed as "the stream is gone"
 // (lib/capture/capture_guard.cpp, settle_left_captures).
-TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroyed-handle]") {
-  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
-  using CaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
-                                   const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+namespace {
+using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+using CaptureInfo = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                 const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+// Asks `s`'s capture status through the runtime, then the driver's two entry points, printing each
+// answer as it comes (a query may crash: what was printed before it stays).
+void ask_status(const char* what, cudaStream_t s) {
   void* is_fn = nullptr;
   void* info_fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
@@ -544,39 +547,33 @@ TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroy
                                            &found) == cudaSuccess);
   REQUIRE(cudaGetDriverEntryPointByVersion("cuStreamGetCaptureInfo", &info_fn, 12030,
                                            cudaEnableDefault, &found) == cudaSuccess);
-  const auto ask = [&](const char* what, cudaStream_t s) {
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    cuuint64_t id = 0;
-    std::printf("probe: asking %s\n", what);
-    std::fflush(stdout);
-    const CUresult is = reinterpret_cast<IsCapturing>(is_fn)(reinterpret_cast<CUstream>(s), &status);
-    std::printf("probe: %-64s -> cuStreamIsCapturing %d, status %d\n", what, static_cast<int>(is),
-                static_cast<int>(status));
-    std::fflush(stdout);
-    status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    const CUresult info = reinterpret_cast<CaptureInfo>(info_fn)(
-        reinterpret_cast<CUstream>(s), &status, &id, nullptr, nullptr, nullptr, nullptr);
-    std::printf("probe: %-64s -> cuStreamGetCaptureInfo %d, status %d\n", what,
-                static_cast<int>(info), static_cast<int>(status));
-    cudaStreamCaptureStatus runtime_status = cudaStreamCaptureStatusActive;
-    report("  cudaStreamIsCapturing", cudaStreamIsCapturing(s, &runtime_status));
-    std::fflush(stdout);
-  };
-  cudaStream_t s = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
-  REQUIRE(end(s) == cudaSuccess);
-  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
-  ask("destroyed stream (captured, ended, then destroyed)", s);
-  cudaStream_t again = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking) == cudaSuccess);
-  std::printf("probe:   a new stream got the same handle: %s\n", again == s ? "yes" : "no");
-  if (again != s) ask("destroyed stream, another stream created since", s);
-  REQUIRE(cudaStreamDestroy(again) == cudaSuccess);
+  std::printf("probe: asking %s\n", what);
+  std::fflush(stdout);
+  cudaStreamCaptureStatus runtime_status = cudaStreamCaptureStatusActive;
+  const cudaError_t runtime = cudaStreamIsCapturing(s, &runtime_status);
+  std::printf("probe: %-64s -> cudaStreamIsCapturing %s, status %d\n", what,
+              cudaGetErrorName(runtime), static_cast<int>(runtime_status));
+  std::fflush(stdout);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  const CUresult is = reinterpret_cast<IsCapturing>(is_fn)(reinterpret_cast<CUstream>(s), &status);
+  std::printf("probe: %-64s -> cuStreamIsCapturing %d, status %d\n", what, static_cast<int>(is),
+              static_cast<int>(status));
+  std::fflush(stdout);
+  status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  cuuint64_t id = 0;
+  const CUresult info = reinterpret_cast<CaptureInfo>(info_fn)(
+      reinterpret_cast<CUstream>(s), &status, &id, nullptr, nullptr, nullptr, nullptr);
+  std::printf("probe: %-64s -> cuStreamGetCaptureInfo %d, status %d\n", what,
+              static_cast<int>(info), static_cast<int>(status));
+  std::fflush(stdout);
+}
+}  // namespace
 
-  // The origin of a capture destroyed while a stream that joined it still captures: does the
-  // capture go on, on the joined stream? (The pool counts a left capture over once its stream's
-  // handle is invalid: were the capture to go on elsewhere, it would be counted over early.)
+// The origin of a capture destroyed while a stream that joined it still captures: does the
+// capture go on, on the joined stream? (The fake keeps it going there.) The destroyed origin is
+// not asked: on an H100 (2026-12-07) a status query of a destroyed stream's handle crashed.
+TEST_CASE("probe a capture whose origin is destroyed while a joined stream captures",
+          "[.probe]") {
   cudaStream_t origin = nullptr;
   cudaStream_t joined = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking) == cudaSuccess);
@@ -588,11 +585,26 @@ TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroy
   REQUIRE(cudaStreamWaitEvent(joined, fork, 0) == cudaSuccess);
   report("cudaStreamDestroy(origin of a capture a stream joined)", cudaStreamDestroy(origin),
          joined);
-  ask("destroyed origin", origin);
-  ask("the joined stream", joined);
+  ask_status("the joined stream", joined);
+  void* ptr = nullptr;
+  report("cudaMalloc after the origin's destroy", cudaMalloc(&ptr, 4096), joined);
+  if (ptr != nullptr) cudaFree(ptr);
   report("cudaStreamEndCapture(joined)", end(joined), joined);
-  ask("the joined stream after its end", joined);
+  ask_status("the joined stream after its end", joined);
+  report("cudaDeviceSynchronize", cudaDeviceSynchronize());
   report("cudaStreamDestroy(joined)", cudaStreamDestroy(joined));
   cudaEventDestroy(fork);
+  SUCCEED("printed");
+}
+
+// Run by name: it crashed on an H100 (2026-12-07, SIGSEGV in cuStreamIsCapturing), which is why
+// the library never asks a stream it only remembers once the caller may have destroyed it.
+TEST_CASE("probe the capture queries on a destroyed stream's handle", "[.destroyed-handle]") {
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(end(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  ask_status("destroyed stream (captured, ended, then destroyed)", s);
   SUCCEED("printed");
 }
