@@ -1273,6 +1273,11 @@ void FakeDevice::destroy_stream(cudaStream_t stream) {
   Stream& destroyed = s.streams.at(it->second);
   s.stream_destroyed(destroyed.id);
   destroyed.destroyed = true;
+  // The stream that began a capture takes it with it: every stream that joined leaves it too
+  // (seen on an H100, 2026-12-07).
+  if (destroyed.capture && destroyed.capture->origin == destroyed.id) {
+    s.leave_capture(destroyed.capture);
+  }
   destroyed.capture.reset();
   if (destroyed.queue.empty()) s.streams.erase(destroyed.id);
   s.handles.erase(it);

@@ -657,3 +657,108 @@ TEST_CASE("two CapturePools attached in turn to invalidated captures of one pool
   pool->trim(0);
   fake.complete_all();
 }
+
+namespace {
+// The settles' status queries (capture_now asks the id with the status) fail while `failing`;
+// the status alone (gate_status's first question: refuse_if_gated, a fence's check) answers.
+class SettleQueriesFail final : public streampool::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  std::atomic<bool> failing{false};
+  cudaError_t capture_info(cudaStream_t stream, CaptureStatus* status,
+                           streampool::CaptureId* id) noexcept override {
+    if (id != nullptr && failing.load()) return cudaErrorLaunchFailure;
+    return ForwardingDevice::capture_info(stream, status, id);
+  }
+};
+struct PoolOnSettleFailing {
+  std::shared_ptr<FakeDevice> fake_device = std::make_shared<FakeDevice>();
+  std::shared_ptr<SettleQueriesFail> device = std::make_shared<SettleQueriesFail>(fake_device);
+  std::unique_ptr<streampool::MemoryPool> pool =
+      std::make_unique<streampool::MemoryPool>(device, test_options());
+  FakeDevice& fake() { return *fake_device; }
+  streampool::MemoryPool& operator*() { return *pool; }
+  streampool::MemoryPool* operator->() { return pool.get(); }
+};
+}  // namespace
+
+// Review of 39fe114 (2026-12-07): release_stream is the caller's way to have a left capture seen
+// over before destroying its stream (capture_pool.hpp, memory_pool.hpp), but it never checks that
+// it was: where its settles cannot ask CUDA (the status query fails), the capture stays counted,
+// yet release_stream returns, since its own refuse_if_gated query answered. The caller destroys
+// the stream; the next settle asks CUDA about the destroyed handle (which crashed the process on
+// an H100), and the capture stays counted for good.
+TEST_CASE("release_stream does not return as if a left capture were seen over when its settle "
+          "could not ask") {
+  PoolOnSettleFailing pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  end_and_discard(fake, s);                       // the caller's end
+  pool.device->failing = true;
+  bool released = false;
+  try {
+    pool->release_stream(s);
+    released = true;
+  } catch (const streampool::Error&) {
+    // told: the caller does not destroy the stream yet
+  }
+  pool.device->failing = false;
+  if (released) {
+    fake.destroy_stream(s);  // as the docs allow once release_stream returned
+    const bool synchronized = trim_elsewhere_synchronizes(pool);  // a settle elsewhere
+    CHECK(fake_test::hazards_of(fake, fake_test::HazardKind::destroyed_handle).empty());
+    CHECK(synchronized);  // not counted for good
+    // Clean up for the tests after this one: a stream that takes the handle lets it settle.
+    REQUIRE(fake.create_stream() == s);
+  } else {
+    pool->release_stream(s);
+  }
+  pool->trim(0);
+  CHECK(trim_elsewhere_synchronizes(pool));
+  fake.complete_all();
+}
+
+// Review of 39fe114 (2026-12-07): a settle copies a left capture out of the list and asks its
+// stream's status with no lock held. release_stream on another thread sees the same capture over,
+// takes it out and returns; the caller destroys the stream, as capture_pool.hpp allows; then the
+// first thread's query names the destroyed handle (a crash on an H100).
+TEST_CASE("release_stream returns only once no other thread's settle is about to ask about its "
+          "stream") {
+  HookedPool pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
+  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  end_and_discard(fake, s);                       // the caller's end
+  std::promise<void> paused;
+  std::promise<void> resume;
+  std::shared_future<void> resumed = resume.get_future().share();
+  // The next status query: another thread's settle, about to ask about s.
+  pool.device->before_next(FakeDevice::Call::capture_info, [&] {
+    paused.set_value();
+    resumed.wait();
+  });
+  std::thread settler([] { streampool::CapturedGraph none; });  // its destructor: a safe point
+  paused.get_future().wait();
+  auto released = std::async(std::launch::async, [&] { pool->release_stream(s); });
+  const bool returned =
+      released.wait_for(std::chrono::milliseconds(500)) == std::future_status::ready;
+  if (returned) fake.destroy_stream(s);  // release_stream returned: the caller destroys it
+  resume.set_value();
+  settler.join();
+  released.get();
+  if (!returned) fake.destroy_stream(s);
+  CHECK(fake_test::hazards_of(fake, fake_test::HazardKind::destroyed_handle).empty());
+  REQUIRE(fake.create_stream() == s);  // for the tests after this one, should a note be left
+  pool->trim(0);
+  fake.complete_all();
+}

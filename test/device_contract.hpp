@@ -478,6 +478,30 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     }
   }
 
+  // Seen on an H100 (test/gpu/probes.cpp, 2026-12-07): destroying the stream that began a
+  // capture, while a stream that joined it still captures, ends the capture on every stream of it
+  // (the joined stream reports none; cudaMalloc is allowed again; its end is refused).
+  DYNAMIC_SECTION("destroying a capture's origin while a stream joined it ends the capture there") {
+    cudaStream_t origin = h.create_stream();
+    cudaStream_t joined = h.create_stream();
+    cudaEvent_t fork = nullptr;
+    REQUIRE(device.event_create(&fork) == cudaSuccess);
+    REQUIRE(device.begin_capture(origin, CaptureMode::global) == cudaSuccess);
+    REQUIRE(device.event_record(fork, origin) == cudaSuccess);
+    REQUIRE(device.stream_wait_event(joined, fork) == cudaSuccess);
+    REQUIRE(status_of(device, joined) == CaptureStatus::active);
+    h.destroy_stream(origin);
+    CHECK(status_of(device, joined) == CaptureStatus::none);
+    void* ptr = nullptr;
+    CHECK(device.malloc(&ptr, 4096) == cudaSuccess);
+    if (ptr != nullptr) REQUIRE(device.free(ptr) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    CHECK(device.end_capture(joined, &graph) != cudaSuccess);
+    CHECK(graph == nullptr);
+    REQUIRE(device.event_destroy(fork) == cudaSuccess);
+    h.destroy_stream(joined);
+  }
+
   // A stream that waits on an event recorded in a capture joins that capture: it reports the
   // capture's status and id, its work is captured, and the capture ends only once the joined
   // stream is joined back (the stream that began it waits on an event recorded on the joined

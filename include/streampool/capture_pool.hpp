@@ -247,11 +247,14 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // the end lets other threads synchronize during the capture, which CUDA then invalidates), and
 // one only prepared is left to the preparing thread likewise. An invalidated capture counts as
 // under way until it ends (CUDA refuses the same calls until then). Any thread may ask CUDA the
-// status of an explicit stream whose capture is counted this way, at its safe points: before
-// destroying that stream, end the capture and call release_stream(stream) on the MemoryPool, which
-// sees it ended (CUDA's status query of a destroyed stream's handle crashed the process on an
-// H100); likewise, detach (or drop the CapturePool) before destroying the stream of a capture it
-// was prepared or bound to. The graph is the caller's: nothing ties the pool's lifetime to it, so
+// status of an explicit stream whose capture is counted this way, at its safe points (CUDA's
+// status query of a destroyed stream's handle crashed the process on an H100): before destroying
+// a stream on which a capture with a pool was given up before its end (a detach or a drop of the
+// CapturePool before the caller's end, or a begin whose capture could not be bound), end the
+// capture and call release_stream(stream) on the MemoryPool. It returns once the capture is seen
+// ended and no thread is still asking about the stream, and throws capture_forbids_call while
+// CUDA has not said it ended. Likewise, detach (or drop the CapturePool) before destroying the
+// stream of a capture it was prepared or bound to. The graph is the caller's: nothing ties the pool's lifetime to it, so
 // the caller keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,

@@ -86,8 +86,9 @@ class STREAMPOOL_API MemoryPool {
   // Forget `stream`: its cached blocks become usable anywhere (after waiting for its work), and
   // a later stream that gets its handle starts afresh. Call it before destroying a stream under
   // StreamChecks::none, and before destroying one whose capture was given up before its end
-  // (capture_pool.hpp): a capture counted as under way there is seen ended here. Buffers of the
-  // stream may still be alive.
+  // (capture_pool.hpp): a capture counted as under way there is seen ended here, or it throws
+  // Error (capture_forbids_call) while CUDA has not said so. Buffers of the stream may still be
+  // alive.
   void release_stream(cudaStream_t stream);
   // Return cached memory to the device until at most `bytes_to_keep` stay reserved (as far as
   // wholly free segments, or with expandable segments whole free mappings, allow). Synchronizes

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -60,6 +61,11 @@ struct LeftCaptures {
   std::unordered_set<std::uint64_t> watched;
   std::atomic<int> count{0};  // left.size(), read without the mutex
   std::uint64_t serials = 0;  // the last Left::serial given
+  // Held shared by each settle while it asks CUDA about a note's stream, taken before the mutex
+  // above goes (so while the note is still listed): settled_here waits for it exclusively, so
+  // that no thread is still about to ask about a stream the caller may destroy next (found in
+  // review, 2026-12-07).
+  std::shared_mutex asking;
 };
 LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>(); }
 
@@ -73,17 +79,23 @@ void settle(Mine&& is_mine, Over&& over) noexcept {
   std::uint64_t after = 0;  // the serial last looked at
   for (;;) {
     std::optional<Left> next;
+    std::shared_lock<std::shared_mutex> asking;
     {
       std::lock_guard<std::mutex> lock(l.mutex);
       // In the order of their serials (appended so, erased in place): past the last looked at.
       const auto from = std::partition_point(l.left.begin(), l.left.end(),
                                              [&](const Left& x) { return x.serial <= after; });
       const auto it = std::find_if(from, l.left.end(), is_mine);
-      if (it != l.left.end()) next = *it;
+      if (it != l.left.end()) {
+        next = *it;
+        asking = std::shared_lock<std::shared_mutex>(l.asking);
+      }
     }
     if (!next) return;
     after = next->serial;
-    if (!over(*next)) continue;
+    const bool is_over = over(*next);
+    asking.unlock();
+    if (!is_over) continue;
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(l.mutex);
@@ -224,6 +236,17 @@ void settle_left_captures() noexcept {
            // settle (found 2026-12-07), and another thread's trim synchronized the device.
            return now.error == cudaErrorContextIsDestroyed || !now.restricting(left.id);
          });
+}
+
+bool settled_here(cudaStream_t stream) noexcept {
+  settle_left_captures();
+  LeftCaptures& l = left_captures();
+  { const std::unique_lock<std::shared_mutex> wait(l.asking); }  // no settle still asking
+  const std::uint64_t here = this_thread_token();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  return std::none_of(l.left.begin(), l.left.end(), [&](const Left& left) {
+    return left.stream == stream && (stream != cudaStreamPerThread || left.token == here);
+  });
 }
 
 namespace {

@@ -44,12 +44,13 @@ void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t t
 // of a capture under way, in one query: the one reading for every caller that lets a capture go
 // or counts a left one over (GateStatus::active, restricting, ordinary say what it means).
 GateStatus capture_now(Device& device, cudaStream_t stream) noexcept;
-// settle_left_captures() (declared in gate.hpp, for release_stream) counts over each capture left
-// to the calling thread that CUDA says is over (nothing captures on its stream), and each capture
-// left on an explicit stream that can no longer refuse calls: nothing captures there, or another
-// capture, active, does (an invalidated one not yet ended still refuses), or its context is
-// destroyed. Where CUDA cannot tell, the capture stays counted. It asks each explicit stream's
+// Counts over each capture left to the calling thread that CUDA says is over (nothing captures
+// on its stream), and each capture left on an explicit stream that can no longer refuse calls:
+// nothing captures there, or another capture, active, does (an invalidated one not yet ended
+// still refuses), or its context is destroyed. Where CUDA cannot tell, the capture stays counted. It asks each explicit stream's
 // status: the caller must not destroy the stream before the capture is seen over (CUDA's query of
-// a destroyed stream's handle crashed the process on an H100; capture_pool.hpp says how).
+// a destroyed stream's handle crashed the process on an H100; capture_pool.hpp says how, and
+// settled_here, gate.hpp, is release_stream's part).
+void settle_left_captures() noexcept;
 
 }  // namespace streampool::detail

@@ -54,10 +54,12 @@ enum class Restricted {
 bool calls_allowed(Restricted call) noexcept;
 
 // The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA
-// now says is over. release_stream calls it: the caller's way to have a capture left on a stream
-// seen over before destroying that stream (a settle asks the status of a stream it remembers,
-// and CUDA's query of a destroyed stream's handle crashed the process on an H100).
-void settle_left_captures() noexcept;
+// now says is over; then, once no thread is still asking CUDA about a left capture's stream, says
+// whether none is left on `stream` (this thread's own, for cudaStreamPerThread). release_stream
+// calls it: the caller's way to have a capture left on a stream seen over before destroying that
+// stream (a settle asks the status of a stream it remembers, and CUDA's query of a destroyed
+// stream's handle crashed the process on an H100).
+bool settled_here(cudaStream_t stream) noexcept;
 
 // Captures with a pool under way anywhere in the program (the gate is "engaged"). While there is
 // one, every stream lookup asks the capture status before the id. Inline: the identity
