@@ -12,6 +12,11 @@
 //
 // The device: each call runs on this Device's GPU whatever device is current in the calling
 // thread, and leaves the caller's current device as it found it.
+//
+// A Device of the caller's own (a ForwardingDevice that wraps another) must not call a pool or
+// the capture layer from inside its calls: the library may hold its locks while it makes them
+// (a capture-status query made while a settle of left captures holds its lock, for one, would
+// wait for itself in a release_stream called from there).
 #pragma once
 
 #include <streampool/export.hpp>

@@ -173,7 +173,8 @@ class STREAMPOOL_API FakeDevice final : public Device {
   // `name`, if given, is how hazard messages call the stream, beside its handle.
   cudaStream_t create_stream(std::string name = {});
   // Destroys a stream: its pending work stays pending (and completes when completed), and its
-  // handle goes to the next create_stream(), as CUDA does.
+  // handle goes to the next create_stream(), as CUDA does. The stream that began a capture ends
+  // it on every stream that joined it (seen on an H100).
   void destroy_stream(cudaStream_t stream);
 
   // Enqueues a unit of work on `stream` touching `accesses`; `body`, if given, runs when the work

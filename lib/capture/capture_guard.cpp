@@ -72,7 +72,7 @@ LeftCaptures& left_captures() noexcept { return never_destroyed<LeftCaptures>();
 // Takes out the left captures `mine` selects for which `over` holds; their notes end after.
 // One at a time, in the order of their serials, each copied out of the list (no host memory:
 // a thread's exit may find none, and its per-thread captures stayed counted for the life of the
-// process, found 2026-12-07); `over` is asked with no lock held.
+// process, found 2026-12-07); `over` is asked with no mutex held, `asking` held shared.
 template <class Mine, class Over>
 void settle(Mine&& is_mine, Over&& over) noexcept {
   LeftCaptures& l = left_captures();
@@ -240,13 +240,14 @@ void settle_left_captures() noexcept {
 
 bool settled_here(cudaStream_t stream) noexcept {
   settle_left_captures();
+  // A per-thread or the legacy stream is never destroyed (and names another stream on each
+  // device): nothing to wait for, nor to refuse (review, 2026-12-07).
+  if (stream == cudaStreamPerThread || stream == nullptr || stream == cudaStreamLegacy) return true;
   LeftCaptures& l = left_captures();
   { const std::unique_lock<std::shared_mutex> wait(l.asking); }  // no settle still asking
-  const std::uint64_t here = this_thread_token();
   std::lock_guard<std::mutex> lock(l.mutex);
-  return std::none_of(l.left.begin(), l.left.end(), [&](const Left& left) {
-    return left.stream == stream && (stream != cudaStreamPerThread || left.token == here);
-  });
+  return std::none_of(l.left.begin(), l.left.end(),
+                      [&](const Left& left) { return left.stream == stream; });
 }
 
 namespace {

@@ -55,7 +55,8 @@ bool calls_allowed(Restricted call) noexcept;
 
 // The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA
 // now says is over; then, once no thread is still asking CUDA about a left capture's stream, says
-// whether none is left on `stream` (this thread's own, for cudaStreamPerThread). release_stream
+// whether none is left on `stream` (true for the per-thread and legacy streams, which are never
+// destroyed). release_stream
 // calls it: the caller's way to have a capture left on a stream seen over before destroying that
 // stream (a settle asks the status of a stream it remembers, and CUDA's query of a destroyed
 // stream's handle crashed the process on an H100).
