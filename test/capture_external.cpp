@@ -762,3 +762,25 @@ TEST_CASE("release_stream returns only once no other thread's settle is about to
   pool->trim(0);
   fake.complete_all();
 }
+
+// Review of 572fd78 (2026-12-07): release_stream refused while a capture was left on its stream,
+// matching per-thread notes by this thread alone: a per-thread capture left on one device made
+// another device's pool's release_stream(cudaStreamPerThread) throw, though that handle names
+// another stream there, and a per-thread stream is never destroyed.
+TEST_CASE("a per-thread capture left on one device does not make another device's "
+          "release_stream of the per-thread stream throw") {
+  PoolOnFake first;
+  PoolOnFake second;
+  FakeDevice& fake = first.fake();
+  { auto warm = Bytes::alloc_async(*first, MiB, fake.create_stream()); }
+  auto capture = std::make_shared<CapturePool>(*first);
+  streampool::prepare_capture_with_pool(capture, cudaStreamPerThread, CaptureMode::relaxed);
+  REQUIRE(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  REQUIRE(streampool::attach_capture_with_pool(capture));
+  streampool::detach_capture_with_pool(capture);  // before the end: left to this thread
+  { auto x = Bytes::alloc_async(*second, 1000, cudaStreamPerThread); }
+  CHECK_NOTHROW(second->release_stream(cudaStreamPerThread));
+  end_and_discard(fake, cudaStreamPerThread);
+  first->trim(0);
+  fake.complete_all();
+}
