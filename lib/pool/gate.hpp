@@ -61,6 +61,15 @@ bool calls_allowed(Restricted call) noexcept;
 // stream (a settle asks the status of a stream it remembers, and CUDA's query of a destroyed
 // stream's handle crashed the process on an H100).
 bool settled_here(cudaStream_t stream) noexcept;
+// Throws (capture_forbids_call) unless settled_here(stream): `call` cannot be the caller's last
+// step before destroying the stream.
+inline void refuse_if_left(cudaStream_t stream, const char* call) {
+  if (settled_here(stream)) return;
+  throw Error(Errc::capture_forbids_call,
+              std::string(call) + ": a capture given up before its end is still counted on the "
+                                  "stream (CUDA has not said it ended): end it, then call " +
+                  call + " again before destroying the stream");
+}
 
 // Captures with a pool under way anywhere in the program (the gate is "engaged"). While there is
 // one, every stream lookup asks the capture status before the id. Inline: the identity

@@ -326,12 +326,7 @@ bool PoolCore::reclaim(int step, Failure& failed) noexcept {
 }
 
 void PoolCore::release_stream(cudaStream_t stream) {
-  if (!settled_here(stream)) {
-    throw Error(Errc::capture_forbids_call,
-                "release_stream: a capture given up before its end is still counted on the stream "
-                "(CUDA has not said it ended): end it, then call release_stream again before "
-                "destroying the stream");
-  }
+  refuse_if_left(stream, "release_stream");
   refuse_if_gated(*device_, stream, "release_stream");  // before asking the id (gate.hpp)
   StreamId id = 0;
   throw_on_cuda_error(device_->stream_id(stream, &id), "release_stream: cudaStreamGetId");
