@@ -254,8 +254,9 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 // capture and call release_stream(stream) on the MemoryPool. It returns once the capture is seen
 // ended and no thread is still asking about the stream, and throws capture_forbids_call while
 // CUDA has not said it ended. Likewise, detach (or drop the CapturePool) before destroying the
-// stream of a capture it was prepared or bound to. The graph is the caller's: nothing ties the pool's lifetime to it, so
-// the caller keeps the CapturePool until the graph's last replay has completed.
+// stream of a capture it was prepared or bound to. The graph is the caller's: nothing ties the
+// pool's lifetime to it, so the caller keeps the CapturePool until the graph's last replay has
+// completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,
                                               CaptureMode mode = CaptureMode::global);

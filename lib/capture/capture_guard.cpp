@@ -228,12 +228,11 @@ void settle_left_captures() noexcept {
            // This thread's per-thread stream: over only when CUDA says nothing captures there.
            if (left.stream == cudaStreamPerThread) return now.ordinary();
            // An explicit stream's: over where no capture of the stream may be it and still
-           // refuse calls (none, or another active one: a stream that took the handle of one
-           // destroyed since), or the context is gone. An
-           // invalidated capture not yet ended still refuses (seen on an H100, 2026-12-07), and
-           // where CUDA cannot tell, it stays counted: taken as ended, the capture of a
-           // ~CapturePool whose every end and status query failed was counted over at the next
-           // settle (found 2026-12-07), and another thread's trim synchronized the device.
+           // refuse calls (none, or another active one), or the context is gone. An invalidated
+           // capture not yet ended still refuses (seen on an H100, 2026-12-07), and where CUDA
+           // cannot tell, it stays counted: taken as ended, the capture of a ~CapturePool whose
+           // every end and status query failed was counted over at the next settle (found
+           // 2026-12-07), and another thread's trim synchronized the device.
            return now.error == cudaErrorContextIsDestroyed || !now.restricting(left.id);
          });
 }

@@ -47,10 +47,10 @@ GateStatus capture_now(Device& device, cudaStream_t stream) noexcept;
 // Counts over each capture left to the calling thread that CUDA says is over (nothing captures
 // on its stream), and each capture left on an explicit stream that can no longer refuse calls:
 // nothing captures there, or another capture, active, does (an invalidated one not yet ended
-// still refuses), or its context is destroyed. Where CUDA cannot tell, the capture stays counted. It asks each explicit stream's
-// status: the caller must not destroy the stream before the capture is seen over (CUDA's query of
-// a destroyed stream's handle crashed the process on an H100; capture_pool.hpp says how, and
-// settled_here, gate.hpp, is release_stream's part).
+// still refuses), or its context is destroyed. Where CUDA cannot tell, the capture stays
+// counted. It asks each explicit stream's status: the caller must not destroy the stream before
+// the capture is seen over (CUDA's query of a destroyed stream's handle crashed the process on
+// an H100; capture_pool.hpp says how, and settled_here, gate.hpp, is release_stream's part).
 void settle_left_captures() noexcept;
 
 }  // namespace streampool::detail
