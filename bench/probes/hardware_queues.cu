@@ -7,13 +7,15 @@
 // every thread at most 32 checks ahead of the GPU, read from mapped host memory without a CUDA
 // call. Each configuration adds W ns of host busy work (no CUDA call) to every iteration, either
 // between the two launches or after the check's, and runs for S seconds; it prints the
-// iterations per second of all threads together.
+// iterations per second of all threads together. ":fence" records an event after the check's
+// launch on each stream the iteration used, as fence_every_free's drop does (then W ns after
+// it): do the event records themselves, and not only the time a drop takes, change the rate?
 //
 // Not built by CMake (a throwaway of 2026-12-06, kept for its result: bench/results/
 // h100-hardware-queues.md). Build and run on a GPU machine:
 //
 //   nvcc -O2 -arch=sm_90 -std=c++17 bench/probes/hardware_queues.cu -o hardware_queues
-//   [CUDA_DEVICE_MAX_CONNECTIONS=32] ./hardware_queues S W[:after|:between] ...
+//   [CUDA_DEVICE_MAX_CONNECTIONS=32] ./hardware_queues S W[:after|:between|:fence] ...
 //
 // e.g. `./hardware_queues 4 0 4000:after 4000:between 0 8000:after` (":after" when omitted).
 #include <cuda_runtime.h>
@@ -70,7 +72,7 @@ void busy_for(long ns) {
   }
 }
 
-enum class Where { between, after };
+enum class Where { between, after, fence };
 
 struct Config {
   long work_ns;
@@ -80,6 +82,7 @@ struct Config {
 struct Lane {
   cudaStream_t first, second;
   cudaEvent_t order;
+  cudaEvent_t fence_first, fence_second;  // ":fence"
   unsigned long long* counter;  // device memory: [0] checks done, [1] the highest count stored
   unsigned long long* done;     // mapped host memory: checks done, as the GPU last stored it
   unsigned long long* done_on_device;
@@ -98,8 +101,10 @@ int main(int argc, char** argv) {
   std::vector<Config> configs;
   for (int i = 2; i < argc; ++i) {
     const char* colon = std::strchr(argv[i], ':');
-    configs.push_back({std::atol(argv[i]), colon != nullptr && colon[1] == 'b' ? Where::between
-                                                                                : Where::after});
+    const char where = colon != nullptr ? colon[1] : 'a';
+    configs.push_back({std::atol(argv[i]), where == 'b'   ? Where::between
+                                           : where == 'f' ? Where::fence
+                                                          : Where::after});
   }
 
   CHECK(cudaSetDeviceFlags(cudaDeviceMapHost));
@@ -108,6 +113,8 @@ int main(int argc, char** argv) {
     CHECK(cudaStreamCreateWithFlags(&lane.first, cudaStreamNonBlocking));
     CHECK(cudaStreamCreateWithFlags(&lane.second, cudaStreamNonBlocking));
     CHECK(cudaEventCreateWithFlags(&lane.order, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&lane.fence_first, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&lane.fence_second, cudaEventDisableTiming));
     CHECK(cudaHostAlloc(&lane.done, sizeof *lane.done, cudaHostAllocMapped));
     CHECK(cudaHostGetDevicePointer(&lane.done_on_device, lane.done, 0));
     CHECK(cudaMalloc(&lane.counter, 2 * sizeof *lane.counter));
@@ -143,7 +150,11 @@ int main(int argc, char** argv) {
           }
           check<<<1, 1, 0, stream>>>(check_ns(rng), lane.counter, lane.done_on_device);
           ++launched;
-          if (config.where == Where::after) busy_for(config.work_ns);
+          if (config.where == Where::fence) {
+            CHECK(cudaEventRecord(lane.fence_first, lane.first));
+            if (stream == lane.second) CHECK(cudaEventRecord(lane.fence_second, lane.second));
+          }
+          if (config.where != Where::between) busy_for(config.work_ns);
         }
         CHECK(cudaStreamSynchronize(lane.first));
         CHECK(cudaStreamSynchronize(lane.second));
@@ -160,7 +171,10 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("queues %s  host work %5ld ns %-7s  %9.0f iterations/s\n",
                 queues != nullptr ? queues : "8 (unset)", config.work_ns,
-                config.work_ns == 0 ? "" : config.where == Where::between ? "between" : "after",
+                config.where == Where::fence     ? "fence"
+                : config.work_ns == 0             ? ""
+                : config.where == Where::between ? "between"
+                                                  : "after",
                 static_cast<double>(total) / elapsed);
     std::fflush(stdout);
   }
