@@ -20,6 +20,38 @@ using Bytes = streampool::PooledBuffer<std::byte>;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+enum class Attached { no, yes };
+
+// A framework's begin: prepare_capture_with_pool, its own cudaStreamBeginCapture, then (unless
+// told no) attach_capture_with_pool.
+void framework_begins(const std::shared_ptr<CapturePool>& capture, FakeDevice& fake,
+                      cudaStream_t s, CaptureMode mode, Attached attached = Attached::yes) {
+  streampool::prepare_capture_with_pool(capture, s, mode);
+  REQUIRE(fake.begin_capture(s, mode) == cudaSuccess);
+  if (attached == Attached::yes) REQUIRE(streampool::attach_capture_with_pool(capture));
+}
+
+// A capture the pool leaves under way: begun as a framework begins it, then detached before the
+// caller's end (its CapturePool given up early, as a framework's error path does).
+void leave_under_way(const std::shared_ptr<CapturePool>& capture, FakeDevice& fake,
+                     cudaStream_t s, CaptureMode mode, Attached attached = Attached::yes) {
+  framework_begins(capture, fake, s, mode, attached);
+  streampool::detach_capture_with_pool(capture);
+}
+
+// The caller's end of a capture, whatever CUDA answers (returned): a graph made is destroyed.
+cudaError_t end_whatever(FakeDevice& fake, cudaStream_t s) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = fake.end_capture(s, &graph);
+  if (graph != nullptr) REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  return ended;
+}
+
+// The caller's end of a capture CUDA ends: the graph made, then destroyed.
+void end_and_discard(FakeDevice& fake, cudaStream_t s) {
+  REQUIRE(end_whatever(fake, s) == cudaSuccess);
+}
 }  // namespace
 
 TEST_CASE("a capture the caller begins allocates from the pool once attached") {
@@ -72,9 +104,7 @@ TEST_CASE("a capture the caller begins allocates from the pool once attached") {
     REQUIRE(refused.is_empty());
     REQUIRE(error == Errc::capture_without_pool);
     REQUIRE(capture_status(fake, s) == CaptureStatus::active);
-    cudaGraph_t graph = nullptr;
-    REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
-    REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+    end_and_discard(fake, s);
     streampool::detach_capture_with_pool(capture);
   }
 }
@@ -132,8 +162,7 @@ TEST_CASE("attach on another thread does not bind that thread's per-thread captu
   FakeDevice& fake = pool.fake();
   auto capture = std::make_shared<CapturePool>(*pool);
   capture->reserve(MiB);
-  streampool::prepare_capture_with_pool(capture, cudaStreamPerThread, CaptureMode::relaxed);
-  REQUIRE(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
+  framework_begins(capture, fake, cudaStreamPerThread, CaptureMode::relaxed, Attached::no);
   bool began_there = false;
   bool attached_there = false;
   bool ended_there = false;
@@ -157,9 +186,7 @@ TEST_CASE("attach on another thread does not bind that thread's per-thread captu
   CHECK(!error);
   CHECK_FALSE(x.is_empty());  // from the CapturePool's private memory
   x.reset();
-  cudaGraph_t graph = nullptr;
-  REQUIRE(fake.end_capture(cudaStreamPerThread, &graph) == cudaSuccess);
-  if (graph != nullptr) fake.graph_destroy(graph);
+  end_and_discard(fake, cudaStreamPerThread);
   streampool::detach_capture_with_pool(capture);
 }
 
@@ -223,12 +250,8 @@ TEST_CASE("a drop between the caller's end of the capture and detach is ordinary
   cudaStream_t other = fake.create_stream("other");
   { auto seen = Bytes::alloc_async(*pool, 256, other); }
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::relaxed);
-  REQUIRE(fake.begin_capture(s, CaptureMode::relaxed) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  cudaGraph_t graph = nullptr;
-  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);  // the caller's end
-  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
+  framework_begins(capture, fake, s, CaptureMode::relaxed);
+  end_and_discard(fake, s);  // the caller's end
   fake.complete(s);
   // Ordinary work, not captured: written on s, still pending, dropped on the buffer's stream.
   auto x = Bytes::alloc_async(*pool, bytes, on_bound ? s : other);
@@ -267,9 +290,7 @@ TEST_CASE("a detach before the caller's end leaves the capture counted until CUD
   cudaStream_t s = per_thread ? cudaStreamPerThread : fake.create_stream();
   auto capture = std::make_shared<CapturePool>(*pool);
   { auto warm = Bytes::alloc_async(*pool, MiB, s); }  // something for a trim to give back
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  if (attached) REQUIRE(streampool::attach_capture_with_pool(capture));
+  framework_begins(capture, fake, s, CaptureMode::global, attached ? Attached::yes : Attached::no);
   const auto invalidate = [&] {
     streampool::StreamId id = 0;  // asking a capturing stream's id invalidates its capture
     REQUIRE(fake.stream_id(s, &id) == cudaErrorStreamCaptureUnsupported);
@@ -288,10 +309,8 @@ TEST_CASE("a detach before the caller's end leaves the capture counted until CUD
   auto refused = Bytes::try_alloc_async(*pool, 1000, s, error);
   CHECK(refused.is_empty());
   CHECK(error == (invalidated != 0 ? Errc::capture_invalidated : Errc::capture_without_pool));
-  cudaGraph_t graph = nullptr;
-  REQUIRE(fake.end_capture(s, &graph) ==
+  REQUIRE(end_whatever(fake, s) ==
           (invalidated != 0 ? cudaErrorStreamCaptureInvalidated : cudaSuccess));
-  if (graph != nullptr) REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
   // Ended: seen at the next call the capture would have refused, on this thread (the only one
   // that can ask about its per-thread stream).
   pool->trim(0);
@@ -308,11 +327,6 @@ bool trim_elsewhere_synchronizes(Pool& pool) {
   std::thread([&] { pool->trim(0); }).join();
   return pool.fake().calls(FakeDevice::Call::device_synchronize) > before;
 }
-[[maybe_unused]] void end_and_discard(FakeDevice& fake, cudaStream_t s) {
-  cudaGraph_t graph = nullptr;
-  REQUIRE(fake.end_capture(s, &graph) == cudaSuccess);
-  REQUIRE(fake.graph_destroy(graph) == cudaSuccess);
-}
 // The capture on `s` stays counted while CUDA captures it (another thread's trim does not
 // synchronize the device); then the caller ends it, and the pool frees what it holds.
 template <class Pool>
@@ -320,9 +334,7 @@ void counted_until_ended(Pool& pool, cudaStream_t s) {
   FakeDevice& fake = pool.fake();
   CHECK_FALSE(trim_elsewhere_synchronizes(pool));
   CHECK(capture_status(fake, s) == CaptureStatus::active);
-  cudaGraph_t graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
+  end_whatever(fake, s);
   pool->trim(0);
   fake.complete_all();
 }
@@ -337,10 +349,9 @@ TEST_CASE("a settle of a left capture takes out that one, not a later one of the
   { auto warm = Bytes::alloc_async(*pool, MiB, other); }
   auto first = std::make_shared<CapturePool>(*pool);
   auto second = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  streampool::detach_capture_with_pool(first);  // given up before attach: left, with its id
-  end_and_discard(fake, s);                     // the framework's end
+  // Given up before attach: left, with its id.
+  leave_under_way(first, fake, s, CaptureMode::global, Attached::no);
+  end_and_discard(fake, s);  // the framework's end
   std::promise<void> paused;
   std::promise<void> resume;
   std::shared_future<void> resumed = resume.get_future().share();
@@ -353,9 +364,7 @@ TEST_CASE("a settle of a left capture takes out that one, not a later one of the
   paused.get_future().wait();
   // Meanwhile, this thread: the first seen ended (prepare's safe point), the stream captured
   // again, and given up again before attach.
-  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  streampool::detach_capture_with_pool(second);
+  leave_under_way(second, fake, s, CaptureMode::global, Attached::no);
   resume.set_value();
   settler.join();
   counted_until_ended(pool, s);
@@ -368,9 +377,7 @@ TEST_CASE("a capture left on a destroyed stream is not taken for a capture of a 
   cudaStream_t s = fake.create_stream();
   cudaStream_t other = fake.create_stream();
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  streampool::detach_capture_with_pool(capture);  // given up before attach: left
+  leave_under_way(capture, fake, s, CaptureMode::global, Attached::no);  // given up before attach
   end_and_discard(fake, s);
   fake.destroy_stream(s);
   cudaStream_t reused = fake.create_stream();
@@ -397,10 +404,7 @@ TEST_CASE("a capture left under way and ended since is seen over at release_stre
   cudaStream_t s = fake.create_stream();
   { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  leave_under_way(capture, fake, s, CaptureMode::global);  // before the caller's end: left
   end_and_discard(fake, s);
   pool->release_stream(s);  // seen over here
   fake.destroy_stream(s);
@@ -418,10 +422,7 @@ TEST_CASE("a settle whose status query answers an invalid handle leaves the capt
   cudaStream_t s = fake.create_stream();
   { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
+  leave_under_way(capture, fake, s, CaptureMode::global);  // before the caller's end: left
   fake.fail_next(FakeDevice::Call::capture_info, 100, cudaErrorInvalidResourceHandle);
   CHECK_FALSE(trim_elsewhere_synchronizes(pool));
   fake.fail_next(FakeDevice::Call::capture_info, 0);
@@ -458,10 +459,7 @@ TEST_CASE("thread-local mode, a detach before the end: the capturing thread's ca
   cudaStream_t other = fake.create_stream();
   { auto warm = Bytes::alloc_async(*pool, MiB, other); }
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::thread_local_);
-  REQUIRE(fake.begin_capture(s, CaptureMode::thread_local_) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);
+  leave_under_way(capture, fake, s, CaptureMode::thread_local_);
   CHECK_FALSE(trim_elsewhere_synchronizes(pool));
   std::error_code error;
   auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);  // needs cudaMalloc
@@ -519,9 +517,7 @@ TEST_CASE("a detach before the caller's end whose status query CUDA refuses leav
   auto scratch = std::make_unique<streampool::MemoryPool>(pool.device, test_options());
   Bytes::alloc_async(*scratch, MiB, fake.create_stream()).reset();
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  if (attached) REQUIRE(streampool::attach_capture_with_pool(capture));
+  framework_begins(capture, fake, s, CaptureMode::global, attached ? Attached::yes : Attached::no);
   const auto frees = fake.calls(FakeDevice::Call::free);
   scratch.reset();
   fake.fail_next(FakeDevice::Call::capture_info, 1);  // CUDA cannot tell, once
@@ -549,28 +545,21 @@ TEST_CASE("a CapturePool dropped after the caller's end and no detach leaves a l
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   auto first = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+  framework_begins(first, fake, s, CaptureMode::global, Attached::no);
   if (how == First::invalidated_at_attach) {
     REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
   }
   REQUIRE(streampool::attach_capture_with_pool(first));
-  cudaGraph_t graph = nullptr;
-  fake.end_capture(s, &graph);  // the framework's end; no detach
-  if (graph != nullptr) fake.graph_destroy(graph);
+  end_whatever(fake, s);  // the framework's end; no detach
   // The framework captures the stream again, with another MemoryPool's CapturePool.
   streampool::MemoryPool other_pool(pool.device, test_options());
   auto second = std::make_shared<CapturePool>(other_pool);
-  streampool::prepare_capture_with_pool(second, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(second));
+  framework_begins(second, fake, s, CaptureMode::global);
   if (how == First::query_refused) fake.fail_next(FakeDevice::Call::capture_info, 1);
   first.reset();  // the first graph's owner goes
   fake.fail_next(FakeDevice::Call::capture_info, 0);
   CHECK(capture_status(fake, s) == CaptureStatus::active);  // the second capture goes on
-  graph = nullptr;
-  fake.end_capture(s, &graph);
-  if (graph != nullptr) fake.graph_destroy(graph);
+  end_whatever(fake, s);
   streampool::detach_capture_with_pool(second);
   second.reset();
   pool->trim(0);
@@ -621,9 +610,7 @@ TEST_CASE("a CapturePool dropped with its capture invalidated ends it") {
   cudaStream_t s = fake.create_stream();
   { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
   auto first = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(first, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(first));
+  framework_begins(first, fake, s, CaptureMode::global);
   REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);  // invalidates it
   REQUIRE(capture_status(fake, s) == CaptureStatus::invalidated);
   first.reset();
@@ -644,14 +631,12 @@ TEST_CASE("two CapturePools attached in turn to invalidated captures of one pool
     CAPTURE(round);
     auto c = std::make_shared<CapturePool>(*pool);
     kept.push_back(c);
-    streampool::prepare_capture_with_pool(c, s, CaptureMode::global);
-    REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
+    framework_begins(c, fake, s, CaptureMode::global, Attached::no);
     REQUIRE(fake.stream_synchronize(s) == cudaErrorStreamCaptureUnsupported);
     bool attached = false;
-    try { attached = streampool::attach_capture_with_pool(c); } catch (const std::exception& e) { INFO(e.what()); CHECK(false); }
+    CHECK_NOTHROW(attached = streampool::attach_capture_with_pool(c));
     CHECK(attached);
-    cudaGraph_t graph = nullptr;
-    fake.end_capture(s, &graph);
+    CHECK(end_whatever(fake, s) == cudaErrorStreamCaptureInvalidated);
     streampool::detach_capture_with_pool(c);
   }
   pool->trim(0);
@@ -695,11 +680,8 @@ TEST_CASE("release_stream does not return as if a left capture were seen over wh
   cudaStream_t s = fake.create_stream();
   { auto warm = Bytes::alloc_async(*pool, MiB, fake.create_stream()); }
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
-  end_and_discard(fake, s);                       // the caller's end
+  leave_under_way(capture, fake, s, CaptureMode::global);  // before the caller's end: left
+  end_and_discard(fake, s);  // the caller's end
   pool.device->failing = true;
   bool released = false;
   try {
@@ -734,11 +716,8 @@ TEST_CASE("release_stream returns only once no other thread's settle is about to
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   auto capture = std::make_shared<CapturePool>(*pool);
-  streampool::prepare_capture_with_pool(capture, s, CaptureMode::global);
-  REQUIRE(fake.begin_capture(s, CaptureMode::global) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);  // before the caller's end: left
-  end_and_discard(fake, s);                       // the caller's end
+  leave_under_way(capture, fake, s, CaptureMode::global);  // before the caller's end: left
+  end_and_discard(fake, s);  // the caller's end
   std::promise<void> paused;
   std::promise<void> resume;
   std::shared_future<void> resumed = resume.get_future().share();
@@ -774,10 +753,8 @@ TEST_CASE("a per-thread capture left on one device does not make another device'
   FakeDevice& fake = first.fake();
   { auto warm = Bytes::alloc_async(*first, MiB, fake.create_stream()); }
   auto capture = std::make_shared<CapturePool>(*first);
-  streampool::prepare_capture_with_pool(capture, cudaStreamPerThread, CaptureMode::relaxed);
-  REQUIRE(fake.begin_capture(cudaStreamPerThread, CaptureMode::relaxed) == cudaSuccess);
-  REQUIRE(streampool::attach_capture_with_pool(capture));
-  streampool::detach_capture_with_pool(capture);  // before the end: left to this thread
+  // Detached before the end: left to this thread.
+  leave_under_way(capture, fake, cudaStreamPerThread, CaptureMode::relaxed);
   { auto x = Bytes::alloc_async(*second, 1000, cudaStreamPerThread); }
   CHECK_NOTHROW(second->release_stream(cudaStreamPerThread));
   end_and_discard(fake, cudaStreamPerThread);
