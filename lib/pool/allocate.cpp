@@ -150,18 +150,21 @@ void PoolCore::count_allocation(StreamState& s, Block* b, std::size_t bytes) noe
   if (count_live(s, b, bytes)) publish(s.counters);
 }
 
+Block* PoolCore::allocate_found_again(std::size_t bytes, cudaStream_t stream,
+                                      Failure& error) noexcept {
+  GateStatus gate;
+  const StreamRegistry::Found again = registry_.find(stream, gate, error);
+  if (again.state == nullptr) return error ? nullptr : allocate_gated(bytes, stream, gate, error);
+  return allocate_slow(*again.state, again.generation, bytes, stream, error);
+}
+
 Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
                                cudaStream_t stream, Failure& error) noexcept {
   s.lock.lock();
   if (!s.current(generation)) {
-    // Retired since the lookup (release_stream, or its handle seen with a new id): look again.
+    // Retired since the lookup (release_stream, or its handle seen with a new id).
     s.lock.unlock();
-    GateStatus gate;
-    const StreamRegistry::Found again = registry_.find(stream, gate, error);
-    if (again.state == nullptr) {
-      return error ? nullptr : allocate_gated(bytes, stream, gate, error);
-    }
-    return allocate_slow(*again.state, again.generation, bytes, stream, error);
+    return allocate_found_again(bytes, stream, error);
   }
   if ((s.attention.load(std::memory_order_relaxed) & gated) != 0) {
     s.lock.unlock();
@@ -173,14 +176,9 @@ Block* PoolCore::allocate_slow(StreamState& s, std::uint32_t generation, std::si
     if (status.capturing()) return allocate_gated(bytes, stream, status, error);
     s.lock.lock();  // gated, but no longer: an ordinary allocation
     if (!s.current(generation)) {
-      // Retired (and perhaps recycled for another stream) while it was unlocked: look again.
+      // Retired (and perhaps recycled for another stream) while it was unlocked.
       s.lock.unlock();
-      GateStatus gate;
-      const StreamRegistry::Found again = registry_.find(stream, gate, error);
-      if (again.state == nullptr) {
-        return error ? nullptr : allocate_gated(bytes, stream, gate, error);
-      }
-      return allocate_slow(*again.state, again.generation, bytes, stream, error);
+      return allocate_found_again(bytes, stream, error);
     }
   }
   // Pinned: the state is not recycled before this allocation counts itself on it.

@@ -360,6 +360,9 @@ class PoolCore {
   // allocate.cpp
   Block* allocate_slow(StreamState& s, std::uint32_t generation, std::size_t bytes,
                        cudaStream_t stream, Failure& error) noexcept;
+  // The state allocate_slow was given is no longer the stream's: the stream looked up again, and
+  // the allocation made there (or the gate's, or the lookup's failure).
+  Block* allocate_found_again(std::size_t bytes, cudaStream_t stream, Failure& error) noexcept;
   Block* allocate_large(StreamState& s, std::size_t bytes, Failure& error) noexcept;
   Block* allocate_gated(std::size_t bytes, cudaStream_t stream, const GateStatus& status,
                         Failure& error) noexcept;
