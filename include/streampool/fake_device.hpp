@@ -7,9 +7,10 @@
 //
 //   memory   addresses in a simulated device address space, 256-byte aligned and never reused,
 //            in a window of its own for each ordinal (1 TiB apart, as GPUs share one address
-//            space, so two fakes of different ordinals never give the same address),
-//            not backed by host memory unless Options::host_backed is set; a capacity past which
-//            malloc fails with cudaErrorMemoryAllocation.
+//            space, so two fakes of different ordinals never give the same address), not backed
+//            by host memory; or, with Options::host_backed, host mappings of the process's own
+//            (so any two fakes' addresses differ too); a capacity past which malloc fails with
+//            cudaErrorMemoryAllocation.
 //   virtual  the cuMem* calls: reservations of addresses, physical memory counted against the
 //   memory   capacity from creation to release-and-unmap, mappings that become accessible once
 //            their access is set; every precondition of device_calls.def checked (alignment to

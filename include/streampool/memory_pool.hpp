@@ -11,7 +11,9 @@
 //     ordered after S by the caller (events), or named with PooledBuffer::record_stream;
 //   - a drop (or deallocate on S) returns the memory "after the work enqueued on S so far": the
 //     next allocation on S may get it at once, stream order makes that safe, and that path takes
-//     no pool-wide lock and makes no device call;
+//     no pool-wide lock and makes no device call beyond the lookup's questions that
+//     options.stream_checks asks (none with StreamChecks::none; the default asks the stream's
+//     capture status and its id);
 //   - another stream gets it only after a fence (an event recorded on S after the drop) has
 //     completed, or by waiting on that fence (options.cross_stream_wait), or after a device
 //     synchronize. Fences are recorded only inside a call that names their stream (an allocation

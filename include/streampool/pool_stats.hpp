@@ -22,7 +22,9 @@ struct PoolStats {
   StatCounter live_allocations;  // allocations not yet dropped
   std::uint64_t cache_hits = 0;          // allocations served from the stream's own cache
   std::uint64_t cache_misses = 0;        // allocations that took a slow path
-  std::uint64_t device_allocations = 0;  // successful device mallocs
+  // Device allocations made and given back: cudaMalloc and cudaFree of fixed segments; with
+  // expandable segments, physical allocations mapped (cuMemCreate) and unmapped and released.
+  std::uint64_t device_allocations = 0;
   std::uint64_t device_frees = 0;
   std::uint64_t fences_recorded = 0;     // fences (events) recorded
   // Small blocks a stream took from another stream's free list (covered by a fence, or waited
