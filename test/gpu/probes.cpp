@@ -627,9 +627,8 @@ TEST_CASE("probe a joined stream destroyed before its capture's end", "[.probe]"
     report("cudaStreamDestroy(a stream that joined the capture)", cudaStreamDestroy(joined),
            origin);
     ask_status("the origin", origin);
-    void* ptr = nullptr;
-    report("cudaMalloc after the joined stream's destroy", cudaMalloc(&ptr, 4096), origin);
-    if (ptr != nullptr) cudaFree(ptr);
+    // Nothing else before the end (a cudaMalloc here, refused in global mode, invalidated the
+    // capture on an H100 and hid the end's own answer).
     report("cudaStreamEndCapture(origin)", end(origin), origin);
     report("cudaDeviceSynchronize", cudaDeviceSynchronize());
     report("cudaStreamDestroy(origin)", cudaStreamDestroy(origin));
