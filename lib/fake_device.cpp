@@ -1875,8 +1875,9 @@ cudaError_t FakeDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
   Stream* target = s.called_stream(stream, "cudaStreamGetId");
   if (target == nullptr) return cudaErrorInvalidResourceHandle;
   // Refused on a capturing stream, in every mode, and the capture is invalidated (seen on the
-  // H200); other streams' ids may be asked at any time.
-  if (target->capture && !target->capture->invalidated) {
+  // H200); refused too once it is invalidated, until its end (seen on an H100, 2026-12-07).
+  // Other streams' ids may be asked at any time.
+  if (target->capture) {
     target->capture->invalidated = true;
     return cudaErrorStreamCaptureUnsupported;
   }

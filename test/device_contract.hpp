@@ -386,29 +386,38 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
 
   // Seen on an H100 (test/gpu/probes.cpp, 2026-12-07): an invalidated capture that is not yet
   // ended refuses what an active one of its mode refuses (the fake took it as restricting nothing
-  // more, and the pool counted a left capture over once it was no longer active).
-  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_}) {
+  // more, and the pool counted a left capture over once it was no longer active); in every mode
+  // it refuses a device synchronize and its own stream's id.
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
     DYNAMIC_SECTION("an invalidated capture not yet ended in " << contract::mode_name(mode)
-                                                               << " mode still refuses malloc, "
-                                                                  "event queries and synchronizes") {
+                                                               << " mode still refuses what the "
+                                                                  "mode refuses") {
+      const bool restricting = mode != CaptureMode::relaxed;
+      const cudaError_t refused_if_restricting =
+          restricting ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
       cudaEvent_t event = nullptr;
       REQUIRE(device.event_create(&event) == cudaSuccess);
       cudaStream_t other = h.create_stream();
       REQUIRE(device.event_record(event, other) == cudaSuccess);
       REQUIRE(device.begin_capture(stream, mode) == cudaSuccess);
-      void* ptr = nullptr;
-      REQUIRE(device.malloc(&ptr, 4096) == cudaErrorStreamCaptureUnsupported);  // invalidates
+      // Refused in every mode, and the capture is invalidated.
+      REQUIRE(device.stream_synchronize(stream) == cudaErrorStreamCaptureUnsupported);
       REQUIRE(status_of(device, stream) == CaptureStatus::invalidated);
+      void* ptr = nullptr;
       const cudaError_t malloc_again = device.malloc(&ptr, 4096);
+      if (ptr != nullptr) REQUIRE(device.free(ptr) == cudaSuccess);
       const cudaError_t query = device.event_query(event);
       const cudaError_t other_sync = device.stream_synchronize(other);
       const cudaError_t device_sync = device.device_synchronize();
+      StreamId id = 0;
+      const cudaError_t id_asked = device.stream_id(stream, &id);
       const CaptureStatus still = status_of(device, stream);
       const cudaError_t ended = end_and_discard(device, stream);
-      CHECK(malloc_again == cudaErrorStreamCaptureUnsupported);
-      CHECK(query == cudaErrorStreamCaptureUnsupported);
-      CHECK(other_sync == cudaErrorStreamCaptureUnsupported);
+      CHECK(malloc_again == refused_if_restricting);
+      CHECK(query == refused_if_restricting);
+      CHECK(other_sync == refused_if_restricting);
       CHECK(device_sync == cudaErrorStreamCaptureUnsupported);
+      CHECK(id_asked == cudaErrorStreamCaptureUnsupported);
       CHECK(still == CaptureStatus::invalidated);
       CHECK(ended == cudaErrorStreamCaptureInvalidated);
       REQUIRE(device.device_synchronize() == cudaSuccess);  // ended: allowed again
@@ -501,6 +510,40 @@ TEMPLATE_TEST_CASE("capture refuses the calls CUDA refuses, in the modes CUDA re
     if (graph != nullptr) device.graph_destroy(graph);
     REQUIRE(device.event_destroy(fork) == cudaSuccess);
     h.destroy_stream(joined);
+  }
+
+  // Seen on an H100 (test/gpu/probes.cpp, 2026-12-07): a stream that joined a capture may be
+  // destroyed before the capture's end; the capture goes on at its origin, and its end succeeds
+  // where the destroyed stream's work was joined back and is refused as unjoined where it was not.
+  for (const bool joined_back : {false, true}) {
+    DYNAMIC_SECTION("a stream that joined a capture destroyed before its end, "
+                    << (joined_back ? "joined back" : "not joined back")) {
+      cudaStream_t origin = h.create_stream();
+      cudaStream_t joined = h.create_stream();
+      cudaEvent_t fork = nullptr;
+      cudaEvent_t back = nullptr;
+      REQUIRE(device.event_create(&fork) == cudaSuccess);
+      REQUIRE(device.event_create(&back) == cudaSuccess);
+      REQUIRE(device.begin_capture(origin, CaptureMode::global) == cudaSuccess);
+      REQUIRE(device.event_record(fork, origin) == cudaSuccess);
+      REQUIRE(device.stream_wait_event(joined, fork) == cudaSuccess);
+      h.launch_short(joined);
+      if (joined_back) {
+        REQUIRE(device.event_record(back, joined) == cudaSuccess);
+        REQUIRE(device.stream_wait_event(origin, back) == cudaSuccess);
+      }
+      h.destroy_stream(joined);
+      const CaptureStatus origin_status = status_of(device, origin);
+      const cudaError_t ended = end_and_discard(device, origin);
+      const CaptureStatus after = status_of(device, origin);
+      CHECK(origin_status == CaptureStatus::active);
+      CHECK(ended == (joined_back ? cudaSuccess : cudaErrorStreamCaptureUnjoined));
+      CHECK(after == CaptureStatus::none);
+      REQUIRE(device.device_synchronize() == cudaSuccess);
+      REQUIRE(device.event_destroy(fork) == cudaSuccess);
+      REQUIRE(device.event_destroy(back) == cudaSuccess);
+      h.destroy_stream(origin);
+    }
   }
 
   // A stream that waits on an event recorded in a capture joins that capture: it reports the
