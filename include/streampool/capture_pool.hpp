@@ -24,13 +24,15 @@
 //     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a
 //     buffer of another MemoryPool that a graph uses goes back to its pool when dropped, so hand
 //     it to record_buffer instead.
-//   - No call that CUDA refuses during the capture's mode is made. The pool grows during the
-//     capture as needed where the MemoryPool can: in every mode by mapping into the addresses
-//     its expandable segments hold reserved (from the first growth until a trim gives an empty
-//     reservation back; the mapping calls are allowed in every mode), and by cudaMalloc where
-//     CUDA allows it (relaxed mode). Otherwise (fixed segments, or no reservation when the
-//     capture begins) reserve(bytes) sets memory aside before; past what it can get, an
-//     allocation during capture fails with Errc::capture_pool_exhausted.
+//   - No call that CUDA refuses during the capture's mode is made (a known defect: a call another
+//     thread checked just before the begin may still be made after it, docs/design.md,
+//     "CapturePool"). The pool grows during the capture as needed where the MemoryPool can: in
+//     every mode by mapping into the addresses its expandable segments hold reserved (from the
+//     first growth until a trim gives an empty reservation back; the mapping calls are allowed
+//     in every mode), and by cudaMalloc where CUDA allows it (relaxed mode). Otherwise (fixed
+//     segments, or no reservation when the capture begins) reserve(bytes) sets memory aside
+//     before; past what it can get, an allocation during capture fails with
+//     Errc::capture_pool_exhausted.
 //   - When the last reference goes, every registered buffer is dropped in registration order, then
 //     the private memory goes back to the MemoryPool. CUDA forbids CUDA calls in a user object's
 //     destructor, so a release that comes from a graph is only queued there; the library
@@ -227,36 +229,36 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 //     streampool::detach_capture_with_pool(pool);
 //
 // prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
-// thread makes a call that a capture of `mode` refuses. attach binds the capture's id: true once it
-// is bound, false while `stream` is not capturing yet (and, for cudaStreamPerThread, on any thread
-// but the one that prepared it, where that handle names another stream); it throws capture_mismatch
-// when nothing was prepared or when `stream` has joined a capture that another CapturePool of the
-// same MemoryPool is bound to (the preparation stays until detach), and CUDA's error when the
-// status cannot be asked. `stream` must be the stream the framework began the capture on: one that
-// only joined a capture (begun without a pool, or by another MemoryPool's CapturePool) is taken as
-// capturing, and ending or abandoning the capture through it makes CUDA invalidate the capture (an
-// end on a joined stream is refused). An allocation or drop during the capture before attach is not
-// the pool's (it fails with capture_without_pool, or goes to the shared cache). detach unbinds the
-// stream (after the end, or to give up a prepared capture) and never throws; called while the
-// stream still captures (a caller giving up before its own end), it unbinds too, and no thread
-// makes a call the capture would refuse until CUDA reports it ended (the caller still ends it). Of
-// cudaStreamPerThread only its own thread can ask CUDA: detached there before the end, the capture
-// stays counted until that thread, at a safe point of the capture layer (as for ~CapturePool) or
-// at a call the count refuses, sees it ended (or exits); detached on another thread, an attached
-// capture is taken as ended (the order end, then detach, is the caller's: a detach there before
-// the end lets other threads synchronize during the capture, which CUDA then invalidates), and
-// one only prepared is left to the preparing thread likewise. An invalidated capture counts as
-// under way until it ends (CUDA refuses the same calls until then). Any thread may ask CUDA the
-// status of an explicit stream whose capture is counted this way, at its safe points (CUDA's
-// status query of a destroyed stream's handle crashed the process on an H100): before destroying
-// a stream on which a capture with a pool was given up before its end (a detach or a drop of the
-// CapturePool before the caller's end, or a begin whose capture could not be bound), end the
-// capture and call release_stream(stream) on the MemoryPool. It returns once the capture is seen
-// ended and no thread is still asking about the stream, and throws capture_forbids_call while
-// CUDA has not said it ended. Likewise, detach (or drop the CapturePool) before destroying the
-// stream of a capture it was prepared or bound to. The graph is the caller's: nothing ties the
-// pool's lifetime to it, so the caller keeps the CapturePool until the graph's last replay has
-// completed.
+// thread makes a call that a capture of `mode` refuses (but for the known defect above). attach
+// binds the capture's id: true once it is bound, false while `stream` is not capturing yet (and,
+// for cudaStreamPerThread, on any thread but the one that prepared it, where that handle names
+// another stream); it throws capture_mismatch when nothing was prepared or when `stream` has joined
+// a capture that another CapturePool of the same MemoryPool is bound to (the preparation stays
+// until detach), and CUDA's error when the status cannot be asked. `stream` must be the stream the
+// framework began the capture on: one that only joined a capture (begun without a pool, or by
+// another MemoryPool's CapturePool) is taken as capturing, and ending or abandoning the capture
+// through it makes CUDA invalidate the capture (an end on a joined stream is refused). An
+// allocation or drop during the capture before attach is not the pool's (it fails with
+// capture_without_pool, or goes to the shared cache). detach unbinds the stream (after the end, or
+// to give up a prepared capture) and never throws; called while the stream still captures (a caller
+// giving up before its own end), it unbinds too, and no thread makes a call the capture would
+// refuse until CUDA reports it ended (the caller still ends it). Of cudaStreamPerThread only its
+// own thread can ask CUDA: detached there before the end, the capture stays counted until that
+// thread, at a safe point of the capture layer (as for ~CapturePool) or at a call the count
+// refuses, sees it ended (or exits); detached on another thread, an attached capture is taken as
+// ended (the order end, then detach, is the caller's: a detach there before the end lets other
+// threads synchronize during the capture, which CUDA then invalidates), and one only prepared is
+// left to the preparing thread likewise. An invalidated capture counts as under way until it ends
+// (CUDA refuses the same calls until then). Any thread may ask CUDA the status of an explicit
+// stream whose capture is counted this way, at its safe points (CUDA's status query of a destroyed
+// stream's handle crashed the process on an H100): before destroying a stream on which a capture
+// with a pool was given up before its end (a detach or a drop of the CapturePool before the
+// caller's end, or a begin whose capture could not be bound), end the capture and call
+// release_stream(stream) on the MemoryPool. It returns once the capture is seen ended and no thread
+// is still asking about the stream, and throws capture_forbids_call while CUDA has not said it
+// ended. Likewise, detach (or drop the CapturePool) before destroying the stream of a capture it
+// was prepared or bound to. The graph is the caller's: nothing ties the pool's lifetime to it, so
+// the caller keeps the CapturePool until the graph's last replay has completed.
 STREAMPOOL_API void prepare_capture_with_pool(const std::shared_ptr<CapturePool>& pool,
                                               cudaStream_t stream,
                                               CaptureMode mode = CaptureMode::global);
