@@ -237,7 +237,10 @@ TEST_CASE("a stream used only through record_stream is not forgotten while a buf
 TEST_CASE("a stream that buffers are freed on is not forgotten as idle while frees land "
           "on it") {
   auto options = one_block_slabs();
-  options.idle_ms = 1;
+  // Periods long beside the slow paths below, which a ThreadSanitizer build on a busy machine
+  // runs for milliseconds: with 1 ms, b's last free was seen a whole period old before b's own
+  // allocation, and b was rightly retired (a CI failure, 2026-12-07).
+  options.idle_ms = 20;
   options.large_shelf = 0;  // every large allocation takes the slow path, where idleness is seen
   PoolOnFake pool(options);
   FakeDevice& fake = pool.fake();
@@ -248,7 +251,7 @@ TEST_CASE("a stream that buffers are freed on is not forgotten as idle while fre
   for (int i = 0; i < periods; ++i) made.push_back(pool->allocate(4096, a));
   void* last_freed = nullptr;
   for (int period = 0; period < periods; ++period) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     // A free on b in every period: b is not idle. (The caller ordered b after a; b uses it.)
     fake.launch(b, {{made[period], 4096, true}});
     pool->deallocate(made[period], 4096, b);
