@@ -602,8 +602,10 @@ TEST_CASE("probe a capture whose origin is destroyed while a joined stream captu
 
 // A stream that joined a capture destroyed before the capture's end, with its captured work
 // joined back into the origin or not: is the destroy allowed, and what do the origin's status and
-// end say? (The fake lets the joined stream leave the capture and the origin's end succeed.) The
-// destroyed stream is not asked (a status query of a destroyed handle crashed on an H100).
+// end say? (An H100 answered on 2026-12-07: the destroy succeeds, the origin still captures, and
+// its end is refused as unjoined unless the work was joined back; the device contract holds the
+// fake to it.) The destroyed stream is not asked (a status query of a destroyed handle crashed on
+// an H100).
 TEST_CASE("probe a joined stream destroyed before its capture's end", "[.probe]") {
   for (const bool rejoined : {false, true}) {
     cudaStream_t origin = nullptr;
