@@ -24,9 +24,9 @@
 //     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a
 //     buffer of another MemoryPool that a graph uses goes back to its pool when dropped, so hand
 //     it to record_buffer instead.
-//   - No call that CUDA refuses during the capture's mode is made (a known defect: a call another
-//     thread checked just before the begin may still be made after it, docs/design.md,
-//     "CapturePool"). The pool grows during the capture as needed where the MemoryPool can: in
+//   - No call that CUDA refuses during the capture's mode is made, on any thread: a begin waits
+//     for such calls that other threads decided on before it (docs/design.md, "CapturePool").
+//     The pool grows during the capture as needed where the MemoryPool can: in
 //     every mode by mapping into the addresses its expandable segments hold reserved (from the
 //     first growth until a trim gives an empty reservation back; the mapping calls are allowed
 //     in every mode), and by cudaMalloc where CUDA allows it (relaxed mode). Otherwise (fixed
@@ -228,9 +228,9 @@ STREAMPOOL_API CapturedGraph end_capture_with_pool(cudaStream_t stream,
 //     cudaStreamEndCapture(stream, &graph);        // the framework's own call
 //     streampool::detach_capture_with_pool(pool);
 //
-// prepare throws as begin_capture_with_pool does before it begins the capture; from then on, no
-// thread makes a call that a capture of `mode` refuses (but for the known defect above). attach
-// binds the capture's id: true once it is bound, false while `stream` is not capturing yet (and,
+// prepare throws as begin_capture_with_pool does before it begins the capture, and waits, as it
+// does, for the calls other threads decided on before it; from then on, no thread makes a call
+// that a capture of `mode` refuses. attach binds the capture's id: true once it is bound, false while `stream` is not capturing yet (and,
 // for cudaStreamPerThread, on any thread but the one that prepared it, where that handle names
 // another stream); it throws capture_mismatch when nothing was prepared or when `stream` has joined
 // a capture that another CapturePool of the same MemoryPool is bound to (the preparation stays
@@ -271,8 +271,10 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // one fails with Errc::capture_forbids_call, or its reclaim skips that step). For a framework that
 // begins captures itself and lets the pool allocate for them on a stream that is not captured
 // (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
-// `thread` is the thread whose calls a thread-local capture restricts. The constructor throws
-// std::bad_alloc where host memory has run out (nothing is then counted).
+// `thread` is the thread whose calls a thread-local capture restricts. The constructor, as a
+// begin, waits for the calls other threads' pool work decided on before it (a device synchronize
+// of a trim among them); it throws std::bad_alloc where host memory has run out (nothing is then
+// counted).
 class STREAMPOOL_API CaptureNotice {
  public:
   explicit CaptureNotice(CaptureMode mode, std::thread::id thread = std::this_thread::get_id());

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -135,6 +137,29 @@ struct ExitWatch {
 };
 thread_local ExitWatch exit_watch;
 
+// The permits held (gate.hpp, CallPermit), counted in slots of their threads (by token, so that
+// threads rarely share a line): a begin waits for each slot to be empty at some moment after it
+// counted itself. A permit taken after that sees the count (both sides sequentially consistent:
+// a permit's increment then its reading of the counts, a begin's counting then its reading of
+// the slots), and is refused at once unless its call is one the capture allows.
+struct alignas(64) PermitSlot {
+  std::atomic<int> held{0};
+};
+constexpr std::size_t permit_slots = 64;
+PermitSlot permits[permit_slots];
+std::atomic<int>& permit_slot() noexcept {
+  return permits[this_thread_token() % permit_slots].held;
+}
+// Permits held by this thread: a begin on a thread that holds one would wait for itself.
+thread_local int permits_here = 0;
+
+void wait_for_permits() noexcept {
+  STREAMPOOL_ASSERT(permits_here == 0);
+  for (PermitSlot& slot : permits) {
+    while (slot.held.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 void note_capture_begin(CaptureMode mode, std::thread::id thread) {
@@ -158,7 +183,10 @@ void note_capture_begin(CaptureMode mode, std::thread::id thread) {
   } else if (mode == CaptureMode::global) {
     global_captures.fetch_add(1);
   }
-  gate_engagements.fetch_add(1, std::memory_order_acq_rel);
+  gate_engagements.fetch_add(1, std::memory_order_seq_cst);
+  // Counted: every later check sees it. Calls already past their checks complete first (CUDA
+  // has not begun the capture yet: the caller begins it after this).
+  wait_for_permits();
 }
 
 void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
@@ -250,12 +278,13 @@ bool settled_here(cudaStream_t stream) noexcept {
 }
 
 namespace {
+// Sequentially consistent readings: a permit's (take_permit) against a begin's (above).
 bool allowed_now(Restricted call) noexcept {
   if (call == Restricted::device_sync || call == Restricted::free) {
-    return gate_engagements.load(std::memory_order_acquire) == 0;
+    return gate_engagements.load(std::memory_order_seq_cst) == 0;
   }
-  if (global_captures.load(std::memory_order_acquire) != 0) return false;
-  if (thread_local_captures.load(std::memory_order_acquire) == 0) return true;
+  if (global_captures.load(std::memory_order_seq_cst) != 0) return false;
+  if (thread_local_captures.load(std::memory_order_seq_cst) == 0) return true;
   std::lock_guard<std::mutex> lock(per_thread().mutex);
   return per_thread().count.find(std::this_thread::get_id()) == per_thread().count.end();
 }
@@ -269,6 +298,27 @@ bool calls_allowed(Restricted call) noexcept {
   if (left_captures().count.load(std::memory_order_relaxed) == 0) return false;
   settle_left_captures();
   return allowed_now(call);
+}
+
+std::atomic<int>* take_permit(Restricted call) noexcept {
+  std::atomic<int>& slot = permit_slot();
+  // Taken before the reading (see PermitSlot), and given back where refused; the settle (which
+  // asks CUDA about streams) is made with none held.
+  for (bool settled = false;; settled = true) {
+    slot.fetch_add(1, std::memory_order_seq_cst);
+    if (call == Restricted::vm_map || allowed_now(call)) {
+      ++permits_here;
+      return &slot;
+    }
+    slot.fetch_sub(1, std::memory_order_seq_cst);
+    if (settled || left_captures().count.load(std::memory_order_relaxed) == 0) return nullptr;
+    settle_left_captures();
+  }
+}
+
+void return_permit(std::atomic<int>* slot) noexcept {
+  --permits_here;
+  slot->fetch_sub(1, std::memory_order_seq_cst);
 }
 
 }  // namespace streampool::detail

@@ -108,7 +108,9 @@ LargeTier::Plan LargeTier::plan_growth(StreamState* s, std::size_t rounded, bool
 }
 
 bool LargeTier::reserve(std::size_t rounded, StreamState* home, Failure& error) noexcept {
-  if (!calls_allowed(Restricted::malloc)) {
+  // A reservation is made where cudaMalloc is (gate.hpp): under its permit, through both calls.
+  const CallPermit permit(Restricted::malloc);
+  if (!permit) {
     error = forbidden_now();
     return false;
   }
@@ -391,7 +393,9 @@ bool LargeTier::give_back_for(const Plan& plan, const Unmappable& found,
                               const StreamState* s) noexcept {
   // No walk for nothing, nor where a free is forbidden now: another thread may have engaged the
   // gate since the look (which found nothing where the gate forbade the free).
-  if (found.coverable == 0 || !calls_allowed(Restricted::free)) return false;
+  if (found.coverable == 0) return false;
+  const CallPermit permit(Restricted::free);  // through every unmap below
+  if (!permit) return false;
   STREAMPOOL_ASSERT(plan.hole != nullptr);
   const Kept kept = kept_by(plan);
   const auto reserved = static_cast<std::size_t>(std::max<std::int64_t>(0, pool_.stats_reserved()));
@@ -515,8 +519,7 @@ LargeTier::Unmapped LargeTier::unmap_free(Segment& segment, std::size_t bytes_to
       ++i;
       continue;
     }
-    if (!whole || !calls_allowed(Restricted::free) ||
-        device.vm_unmap(begin, m.size) != cudaSuccess) {
+    if (!whole || device.vm_unmap(begin, m.size) != cudaSuccess) {
       if (left != nullptr) delete_block(left);
       if (right != nullptr) delete_block(right);
       ++i;

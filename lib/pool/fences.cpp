@@ -87,8 +87,9 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
     ++s.counters.fences;
   } else {
     // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
-    if (!may_block || !calls_allowed(Restricted::stream_sync) ||
-        device_->stream_synchronize(s.handle) != cudaSuccess) {
+    if (!may_block) return FenceResult::failed;
+    const CallPermit permit(Restricted::stream_sync);
+    if (!permit || device_->stream_synchronize(s.handle) != cudaSuccess) {
       return FenceResult::failed;
     }
     s.timeline.recorded.store(index + 1, std::memory_order_release);
@@ -104,15 +105,14 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
 
 void PoolCore::refresh(StreamState& s) noexcept {
   const std::uint64_t device_done = device_timeline_.completed.load(std::memory_order_acquire);
-  bool may_query = true;
+  CallPermit query;  // taken at the first event (gate.hpp: the gate forbids queries at times)
   while (!s.fences.empty()) {
     const Fence fence = s.fences.front();
     if (fence.event == nullptr) {
       if (fence.device_index >= device_done) return;
     } else {
-      // calls_allowed() forbids event queries at times (gate.hpp).
-      if (may_query && !calls_allowed(Restricted::event_wait)) may_query = false;
-      if (!may_query || device_->event_query(fence.event) != cudaSuccess) return;
+      if (!query && !(query = CallPermit(Restricted::event_wait))) return;
+      if (device_->event_query(fence.event) != cudaSuccess) return;
       events_.give(fence.event);
     }
     s.timeline.completed.store(fence.index + 1, std::memory_order_release);
@@ -145,13 +145,14 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   s.lock.unlock();
   bool blocking = false;
   if (event != nullptr) {
-    done = calls_allowed(Restricted::event_wait) && device_->event_synchronize(event) == cudaSuccess;
+    const CallPermit permit(Restricted::event_wait);
+    done = permit && device_->event_synchronize(event) == cudaSuccess;
     events_.give(event);
   } else if (unmarked != nullptr) {
     // As a fence that cannot be made: wait for the whole stream instead, counted. (The caller
     // allocates on s, so its handle still names it.)
-    done = blocking = calls_allowed(Restricted::stream_sync) &&
-                      device_->stream_synchronize(unmarked) == cudaSuccess;
+    const CallPermit permit(Restricted::stream_sync);
+    done = blocking = permit && device_->stream_synchronize(unmarked) == cudaSuccess;
   }
   if (done) {
     s.lock.lock();

@@ -2,9 +2,10 @@
 // above the pool and implements it; nothing else under lib/pool/ knows that captures exist.
 //
 // What the pool asks of it:
-//   - which device calls this thread may make now (calls_allowed): CUDA refuses some calls while
-//     a capture is under way, and invalidates the capture (docs/design.md, and the comments of
-//     device_calls.def);
+//   - which device calls this thread may make now: CUDA refuses some calls while a capture is
+//     under way, and invalidates the capture (docs/design.md, and the comments of
+//     device_calls.def); each is made under a permit (CallPermit), so that no capture begins
+//     between the decision and the call;
 //   - a gate on allocation and drop: a stream the capture layer has bound to a capture (its
 //     state's `gated` attention bit), or a stream CUDA reports capturing, sends its allocations
 //     to Gate::allocate; a drop on a bound stream, or of memory a layer above owns
@@ -27,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace streampool::detail {
@@ -51,7 +53,43 @@ enum class Restricted {
 };
 
 // Defined by the capture layer (capture_guard.cpp), over the captures begun through the library.
+// Whether `call` would be allowed now: for a plan only. A call itself is made under a CallPermit.
 bool calls_allowed(Restricted call) noexcept;
+
+// Taken for a restricted call before it is decided and held until the call has returned: a
+// capture's begin, once counted (so that every later check sees it), waits until the permits
+// given before it are returned, so that no capture begins between a check and its call (found
+// in review, 2026-12-07: a global capture begun while another thread's growth was past its check
+// was invalidated by that thread's cudaMalloc). Refused where calls_allowed(call) is false. A
+// permit is never held across a wait for something a capture's begin holds (no lock is held by
+// a begin while it waits), nor across code of the caller's (it could begin a capture). Nested
+// permits on one thread are allowed.
+std::atomic<int>* take_permit(Restricted call) noexcept;  // the slot taken, or null
+void return_permit(std::atomic<int>* slot) noexcept;
+class CallPermit {
+ public:
+  CallPermit() noexcept = default;  // refused
+  explicit CallPermit(Restricted call) noexcept : slot_(take_permit(call)) {}
+  CallPermit(CallPermit&& other) noexcept : slot_(std::exchange(other.slot_, nullptr)) {}
+  CallPermit& operator=(CallPermit&& other) noexcept {
+    if (this != &other) {
+      release();
+      slot_ = std::exchange(other.slot_, nullptr);
+    }
+    return *this;
+  }
+  CallPermit(const CallPermit&) = delete;
+  CallPermit& operator=(const CallPermit&) = delete;
+  ~CallPermit() { release(); }
+  explicit operator bool() const noexcept { return slot_ != nullptr; }
+  // Returned before the end of its scope (a wait follows that needs no permit).
+  void release() noexcept {
+    if (slot_ != nullptr) return_permit(std::exchange(slot_, nullptr));
+  }
+
+ private:
+  std::atomic<int>* slot_ = nullptr;
+};
 
 // The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA
 // now says is over; then, once no thread is still asking CUDA about a left capture's stream, says

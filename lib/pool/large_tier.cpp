@@ -450,14 +450,16 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // One thread grows at a time (cudaMalloc is slow, and threads that missed together would each
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
   std::unique_lock<CountedMutex> growing(growth_mutex_);
+  // Held from the decision through the cudaMalloc below (gate.hpp): no capture begins meanwhile.
+  CallPermit malloc_permit;
   // At most one wait for s per growth (strands_own), made with growth_mutex_ released: other
   // growths (slabs of any stream, trim) go on while s's queued work drains.
   for (bool may_wait = s != nullptr;; may_wait = false) {
     if (Block* range = find(s, rounded, had)) return range;
     // The gate may have changed while this thread waited. While it forbids cudaMalloc, only
     // mappings into a reservation made before (grow_mapped makes no new one then).
-    // Decided from one reading of the gate.
-    const bool may_malloc = calls_allowed(Restricted::malloc);
+    malloc_permit = CallPermit(Restricted::malloc);
+    const bool may_malloc = static_cast<bool>(malloc_permit);
     if (!may_malloc && !may_map_now()) {
       error = forbidden_now();
       return anywhere();
@@ -466,6 +468,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     bool stranded = false;
     Block* range = grow_mapped(s, rounded, had, grew, may_wait ? &stranded : nullptr, error);
     if (stranded) {
+      malloc_permit.release();
       growing.unlock();
       wait_for_own(*s);
       growing.lock();
@@ -474,10 +477,6 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
     if (range == nullptr && vm_ == Vm::on) range = anywhere();
     if (range != nullptr || vm_ == Vm::on || !may_malloc) return range;
     error.clear();  // the device turned out to lack virtual memory: segments as below
-    if (!calls_allowed(Restricted::malloc)) {  // the gate changed during the mapping calls
-      error = forbidden_now();
-      return nullptr;
-    }
     break;
   }
   // Its bookkeeping first: nothing can fail once the pool holds the memory (prepare_segment).
@@ -670,7 +669,8 @@ void LargeTier::coalesce_covered() noexcept {
 }
 
 std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept {
-  if (!calls_allowed(Restricted::free)) return 0;
+  const CallPermit free_permit(Restricted::free);  // through every free and unmap below
+  if (!free_permit) return 0;
   coalesce_covered();
   std::lock_guard<CountedMutex> growing(growth_mutex_);  // holes change only under it
   std::lock_guard<CountedMutex> lock(mutex_);
@@ -685,7 +685,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
     if (segment.expandable) {
       if (!enough) released += unmap_free(segment, bytes_to_keep, Kept{}).returned;
       // Nothing mapped: the addresses go back too.
-      if (segment.mapped == 0 && calls_allowed(Restricted::free) &&
+      if (segment.mapped == 0 &&
           device.vm_unreserve(segment.base, segment.size) == cudaSuccess) {
         delete_block(range);
         segments_[i] = std::move(segments_.back());
@@ -701,7 +701,7 @@ std::size_t LargeTier::release_free_segments(std::size_t bytes_to_keep) noexcept
     }
     const bool whole = range->free && !range->is_slab && range->size == segment.size &&
                        normalize(range);
-    if (!whole || !calls_allowed(Restricted::free) || device.free(segment.base) != cudaSuccess) {
+    if (!whole || device.free(segment.base) != cudaSuccess) {
       ++i;
       continue;
     }

@@ -304,7 +304,7 @@ class LargeTier {
   // or is deleted where nothing remains. [growth_mutex_, mutex_]
   void split_hole(Block* hole, std::size_t bytes, Block* rest) noexcept;
   // Unmaps whole free, covered mappings until at most `bytes_to_keep` stay reserved, except any
-  // that overlaps `kept`. [growth_mutex_, mutex_]
+  // that overlaps `kept`. [growth_mutex_, mutex_, a CallPermit of Restricted::free]
   struct Unmapped {
     std::size_t bytes = 0;     // unmapped: holes now
     std::size_t returned = 0;  // of those, back to the device (a handle it refused to release

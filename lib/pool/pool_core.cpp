@@ -192,9 +192,14 @@ void PoolCore::count_down() noexcept {
 void PoolCore::destroy() noexcept {
   // Destruction synchronizes the device and frees memory: not while calls_allowed() forbids it.
   // A segment the device refused to free keeps the core until a later safe point frees it.
-  if (calls_allowed(Restricted::device_sync) && calls_allowed(Restricted::free) &&
-      release_device_memory()) {
-    delete this;
+  bool released = false;
+  {
+    const CallPermit may_sync(Restricted::device_sync);
+    const CallPermit may_free(Restricted::free);
+    released = may_sync && may_free && release_device_memory();
+  }
+  if (released) {
+    delete this;  // its gate and observer go: the caller's code, which no permit may span
     return;
   }
   try {
@@ -220,14 +225,17 @@ void PoolCore::grant_access(int device) {
   if (device < 0 || device >= 64) throw Error(Errc::invalid_value, what + ": no such device");
   if (device == device_->ordinal()) return;  // its own memory: always
   // Its cudaDeviceEnablePeerAccess is refused where cudaMalloc is (device_calls.def).
-  if (!calls_allowed(Restricted::malloc)) {
-    throw Error(forbidden_now(), what + ": cudaDeviceEnablePeerAccess is forbidden now");
+  cudaError_t status = cudaSuccess;
+  {
+    const CallPermit permit(Restricted::malloc);
+    if (!permit) {
+      throw Error(forbidden_now(), what + ": cudaDeviceEnablePeerAccess is forbidden now");
+    }
+    // cudaMalloc's memory (fixed segments, now or after a fallback) through the device's peer
+    // access; the mappings through their own access, below.
+    status = device_->enable_peer_access(device);
   }
-  // cudaMalloc's memory (fixed segments, now or after a fallback) through the device's peer
-  // access; the mappings through their own access.
-  if (const cudaError_t status = device_->enable_peer_access(device); status != cudaSuccess) {
-    throw Error(status, what + ": cudaDeviceEnablePeerAccess");
-  }
+  if (status != cudaSuccess) throw Error(status, what + ": cudaDeviceEnablePeerAccess");
   if (const Failure failed = large_.grant(device)) throw error_of(failed, what);
 }
 

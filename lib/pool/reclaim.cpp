@@ -172,7 +172,8 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
   // Asked again: the gate may have changed while this thread waited for the mutex, and another
   // thread's synchronize (or failure, which puts off the next try) may have made this one due no
   // longer: threads that found it due together would each sweep and synchronize in turn.
-  if (!calls_allowed(Restricted::device_sync) || (only_if_due && !reclaim_due())) return false;
+  const CallPermit permit(Restricted::device_sync);  // through the synchronize below
+  if (!permit || (only_if_due && !reclaim_due())) return false;
   // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
   // before the fence are covered; blocks other threads drop meanwhile get later needs, which
   // the synchronize does not cover.
@@ -351,9 +352,11 @@ void PoolCore::release_stream(cudaStream_t stream) {
   const bool instead_of_fence = pending && fence_at(*s, last) == nullptr;  // a virtual one
   s->lock.unlock();
   bool waited = false;
-  if (pending && calls_allowed(Restricted::stream_sync) &&
-      device_->stream_synchronize(stream) == cudaSuccess) {
-    waited = true;
+  if (pending) {
+    const CallPermit permit(Restricted::stream_sync);
+    waited = permit && device_->stream_synchronize(stream) == cudaSuccess;
+  }
+  if (waited) {
     s->lock.lock();
     if (s->generation.load(std::memory_order_relaxed) == generation) {
       complete_through(*s, last);
@@ -422,8 +425,10 @@ bool PoolCore::past_reserved_limit(std::size_t bytes) const noexcept {
 std::string PoolCore::out_of_memory_message(std::size_t bytes, cudaStream_t stream) {
   std::size_t device_free = 0;
   std::size_t device_total = 0;
-  const bool known = calls_allowed(Restricted::free) &&
-                     device_->mem_get_info(&device_free, &device_total) == cudaSuccess;
+  bool known = false;
+  if (const CallPermit permit(Restricted::free); permit) {
+    known = device_->mem_get_info(&device_free, &device_total) == cudaSuccess;
+  }
   const PoolStats now = stats();
   const std::int64_t cached = now.reserved_bytes.current - now.requested_bytes.current;
   return fmt::format(
