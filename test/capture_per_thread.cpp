@@ -6,12 +6,14 @@
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
+#include <functional>
 #include <future>
 #include <thread>
 
 using streampool::CapturedGraph;
 using streampool::CaptureMode;
 using streampool::CapturePool;
+using streampool::CaptureStatus;
 using streampool::FakeDevice;
 using streampool::PooledBuffer;
 using Bytes = PooledBuffer<std::byte>;
@@ -24,6 +26,25 @@ void end_capture_anyway(cudaStream_t stream, const std::shared_ptr<CapturePool>&
     CapturedGraph graph = streampool::end_capture_with_pool(stream, pool);
   } catch (const streampool::Error&) {
   }
+}
+
+CaptureStatus own_status(FakeDevice& fake) {
+  return fake_test::capture_status(fake, cudaStreamPerThread);
+}
+
+// A thread_local of the test's whose destructor runs at its thread's exit, in the reverse order
+// of first use: made after the fake's per-thread streams, it runs before the per-thread stream's
+// capture ends, and before the capture guard takes the count back (after every thread_local's
+// destructor).
+struct AtExit {
+  std::function<void()> action;
+  ~AtExit() {
+    if (action) action();
+  }
+};
+AtExit& at_exit_here() {
+  thread_local AtExit at_exit;
+  return at_exit;
 }
 }  // namespace
 
@@ -372,5 +393,76 @@ TEST_CASE("a CapturePool dropped on a thread that got an exited capturing thread
   if (first != second) WARN("the second thread got another std::thread::id");
   CHECK(status == streampool::CaptureStatus::active);
   CHECK(ended);
+  fake.complete_all();
+}
+
+// Found in review, 2026-12-07: a thread_local destructor counted a per-thread capture left to its
+// thread over as soon as the thread's exit began; CUDA (and the fake) ends it only later in the
+// exit (the runtime's own thread cleanup), and another thread's trim meanwhile made a device
+// synchronize that the capture refused. The count is taken back after every thread_local's
+// destructor (capture_guard.cpp).
+TEST_CASE("a per-thread capture left to an exiting thread stays counted until the thread's "
+          "cleanup ends it") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  Bytes::alloc_async(*pool, 4 * MiB, fake.create_stream()).reset();
+  fake.complete_all();
+  std::promise<void> in_window;
+  std::promise<void> trimmed;
+  std::shared_future<void> trimmed_future = trimmed.get_future().share();
+  CaptureStatus status_in_window = CaptureStatus::none;
+  CaptureStatus status_after_trim = CaptureStatus::none;
+  std::thread t([&] {
+    static_cast<void>(own_status(fake));  // the fake's per-thread stream first
+    at_exit_here().action = [&] {
+      status_in_window = own_status(fake);
+      in_window.set_value();
+      trimmed_future.wait();
+      status_after_trim = own_status(fake);
+    };
+    auto cp = std::make_shared<CapturePool>(*pool);
+    streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::global);
+    // Its CapturePool goes on another thread: the capture is left to this one.
+    std::thread([moved = std::move(cp)]() mutable { moved.reset(); }).join();
+  });  // exits mid-capture
+  in_window.get_future().wait();
+  const auto before = fake.calls(FakeDevice::Call::device_synchronize);
+  pool->trim(0);  // another thread: the count says no capture is under way
+  const auto after = fake.calls(FakeDevice::Call::device_synchronize);
+  trimmed.set_value();
+  t.join();
+  INFO("the exiting thread's capture in the window: " << static_cast<int>(status_in_window)
+                                                       << ", after the trim: "
+                                                       << static_cast<int>(status_after_trim));
+  REQUIRE(status_in_window == CaptureStatus::active);  // CUDA still captures
+  // No call the capture refuses while it is under way.
+  CHECK(after == before);
+  CHECK(status_after_trim == CaptureStatus::active);
+  fake.complete_all();
+}
+
+// Found in review, 2026-12-07: a thread's exit counted over only the captures left to it, and one
+// still bound to its CapturePool stayed counted though CUDA ended it with the thread: every
+// thread's device synchronize (and, in global mode, cudaMalloc) stayed refused until someone
+// dropped or detached the CapturePool.
+TEST_CASE("a per-thread capture still bound when its thread exits is counted over at the exit") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  Bytes::alloc_async(*pool, 4 * MiB, other).reset();
+  fake.complete_all();
+  std::shared_ptr<CapturePool> cp = std::make_shared<CapturePool>(*pool);
+  std::thread([&] {
+    streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::global);
+  }).join();  // exits mid-capture, the CapturePool kept
+  REQUIRE(fake.device_synchronize() == cudaSuccess);  // CUDA ended it with the thread
+  const auto before = fake.calls(FakeDevice::Call::device_synchronize);
+  pool->trim(0);
+  CHECK(fake.calls(FakeDevice::Call::device_synchronize) > before);
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);
+  CHECK_FALSE(error);
+  grown.reset();
+  cp.reset();
   fake.complete_all();
 }

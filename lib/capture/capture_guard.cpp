@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <pthread.h>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -60,6 +62,18 @@ struct LeftCaptures {
   // that found none counted its capture over while CUDA still captured it.
   std::vector<Left> left;
   std::size_t begun = 0;
+  // Captures of cudaStreamPerThread noted begun and held (not yet noted ended or left), by note
+  // serial: their thread's exit counts them over and takes them out (CUDA ends them with the
+  // thread), so that the holder's later note only forgets it. Room taken as each begins, as for
+  // `left`.
+  struct Held {
+    std::uint64_t note;
+    std::uint64_t token;
+    CaptureMode mode;
+    std::thread::id thread;
+  };
+  std::vector<Held> held;
+  std::uint64_t notes = 0;  // the last Held::note given
   std::unordered_set<std::uint64_t> watched;
   std::atomic<int> count{0};  // left.size(), read without the mutex
   std::uint64_t serials = 0;  // the last Left::serial given
@@ -115,27 +129,55 @@ void settle(Mine&& is_mine, Over&& over) noexcept {
   }
 }
 
-// At the exit of a thread that began a capture: what was left to it can no longer be ended by it.
-struct ExitWatch {
-  bool armed = false;
-  ~ExitWatch() {
-    if (!armed) return;
-    const std::uint64_t token = this_thread_token();
-    {
-      LeftCaptures& l = left_captures();
-      std::lock_guard<std::mutex> lock(l.mutex);
-      l.watched.erase(token);
-    }
-    // Its per-thread stream's captures: CUDA ended them with the thread. An explicit stream's
-    // capture goes on without it.
-    settle(
-        [token](const Left& left) {
-          return left.stream == cudaStreamPerThread && left.token == token;
-        },
-        [](const Left&) { return true; });
-  }
+void uncount(CaptureMode mode, std::thread::id thread) noexcept;
+
+// At the exit of a thread that began a capture of its per-thread stream: CUDA ends the stream's
+// captures with the thread, and what was left to it can no longer be ended by it. Not in a C++
+// thread_local destructor: CUDA's own thread cleanup comes after those (in glibc a thread's C++
+// thread_local destructors run before its thread-specific data's destructors), and a capture
+// counted over before it was still under way, refusing another thread's call in between (found
+// in review, 2026-12-07). So a thread-specific value's destructor, put off once to the second
+// round of those destructors, after every other key's first.
+char first_round = 0;
+char second_round = 0;
+void on_thread_exit(void* round) noexcept;
+struct ExitKey {
+  pthread_key_t key{};
+  bool made = false;
+  ExitKey() noexcept { made = pthread_key_create(&key, on_thread_exit) == 0; }
 };
-thread_local ExitWatch exit_watch;
+ExitKey& exit_key() noexcept { return never_destroyed<ExitKey>(); }
+
+void on_thread_exit(void* round) noexcept {
+  if (round == &first_round && pthread_setspecific(exit_key().key, &second_round) == 0) return;
+  const std::uint64_t token = this_thread_token();
+  LeftCaptures& l = left_captures();
+  {
+    std::lock_guard<std::mutex> lock(l.mutex);
+    l.watched.erase(token);
+  }
+  // Held ones: counted over here, one at a time (no host memory); the holder's later note only
+  // forgets them.
+  for (;;) {
+    std::optional<LeftCaptures::Held> mine;
+    {
+      std::lock_guard<std::mutex> lock(l.mutex);
+      const auto it = std::find_if(l.held.begin(), l.held.end(),
+                                   [&](const LeftCaptures::Held& h) { return h.token == token; });
+      if (it == l.held.end()) break;
+      mine = *it;
+      l.held.erase(it);
+    }
+    uncount(mine->mode, mine->thread);
+  }
+  // Left ones: its per-thread stream's captures are over. An explicit stream's capture goes on
+  // without it.
+  settle(
+      [token](const Left& left) {
+        return left.stream == cudaStreamPerThread && left.token == token;
+      },
+      [](const Left&) { return true; });
+}
 
 // The permits held (gate.hpp, CallPermit), counted in slots of their threads (by token, so that
 // threads rarely share a line): a begin waits for each slot to be empty at some moment after it
@@ -162,40 +204,9 @@ void wait_for_permits() noexcept {
 
 }  // namespace
 
-void note_capture_begin(CaptureMode mode, std::thread::id thread) {
-  LeftCaptures& l = left_captures();
-  {
-    // The room of its note, should it be left under way (LeftCaptures::left).
-    std::lock_guard<std::mutex> lock(l.mutex);
-    l.left.reserve(l.begun + 1);
-    ++l.begun;
-  }
-  if (mode == CaptureMode::thread_local_) {
-    try {
-      std::lock_guard<std::mutex> lock(per_thread().mutex);
-      ++per_thread().count[thread];
-      thread_local_captures.fetch_add(1);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(l.mutex);
-      --l.begun;
-      throw;
-    }
-  } else if (mode == CaptureMode::global) {
-    global_captures.fetch_add(1);
-  }
-  gate_engagements.fetch_add(1, std::memory_order_seq_cst);
-  // Counted: every later check sees it. Calls already past their checks complete first (CUDA
-  // has not begun the capture yet: the caller begins it after this).
-  wait_for_permits();
-}
-
-void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
-  {
-    LeftCaptures& l = left_captures();
-    std::lock_guard<std::mutex> lock(l.mutex);
-    STREAMPOOL_ASSERT(l.begun > l.left.size());  // this capture's is not among the notes
-    --l.begun;
-  }
+namespace {
+// The counts of a capture noted begun (note_capture_begin's), taken back.
+void uncount(CaptureMode mode, std::thread::id thread) noexcept {
   gate_engagements.fetch_sub(1, std::memory_order_acq_rel);
   if (mode == CaptureMode::global) {
     global_captures.fetch_sub(1);
@@ -207,20 +218,92 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept {
   }
 }
 
-void watch_capturing_thread() {
-  if (exit_watch.armed) return;
+// Takes a held note out [l.mutex]; false where its thread's exit took it (and counted it over).
+bool take_held(LeftCaptures& l, std::uint64_t note) noexcept {
+  if (note == 0) return true;  // not held: not of a per-thread stream
+  const auto it = std::find_if(l.held.begin(), l.held.end(),
+                               [&](const LeftCaptures::Held& h) { return h.note == note; });
+  if (it == l.held.end()) return false;
+  l.held.erase(it);
+  return true;
+}
+}  // namespace
+
+std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
+                                 std::uint64_t per_thread_token) {
   LeftCaptures& l = left_captures();
-  std::lock_guard<std::mutex> lock(l.mutex);
-  l.watched.insert(this_thread_token());
-  exit_watch.armed = true;
+  std::uint64_t note = 0;
+  {
+    // The room of its note, should it be left under way (LeftCaptures::left), or held.
+    std::lock_guard<std::mutex> lock(l.mutex);
+    l.left.reserve(l.begun + 1);
+    l.held.reserve(l.begun + 1);
+    ++l.begun;
+    if (per_thread_token != 0) {
+      note = ++l.notes;
+      l.held.push_back({note, per_thread_token, mode, thread});
+    }
+  }
+  if (mode == CaptureMode::thread_local_) {
+    try {
+      std::lock_guard<std::mutex> lock(per_thread().mutex);
+      ++per_thread().count[thread];
+      thread_local_captures.fetch_add(1);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(l.mutex);
+      --l.begun;
+      take_held(l, note);
+      throw;
+    }
+  } else if (mode == CaptureMode::global) {
+    global_captures.fetch_add(1);
+  }
+  gate_engagements.fetch_add(1, std::memory_order_seq_cst);
+  // Counted: every later check sees it. Calls already past their checks complete first (CUDA
+  // has not begun the capture yet: the caller begins it after this).
+  wait_for_permits();
+  return note;
 }
 
-void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
-                       std::shared_ptr<Device> device, cudaStream_t stream,
-                       CaptureId id) noexcept {
+void note_capture_end(CaptureMode mode, std::thread::id thread, std::uint64_t note) noexcept {
+  bool counted = true;
   {
     LeftCaptures& l = left_captures();
     std::lock_guard<std::mutex> lock(l.mutex);
+    STREAMPOOL_ASSERT(l.begun > l.left.size());  // this capture's is not among the notes
+    --l.begun;
+    counted = take_held(l, note);
+  }
+  if (counted) uncount(mode, thread);
+}
+
+void watch_capturing_thread() {
+  ExitKey& exit = exit_key();
+  // The system's keys or host memory ran out: as out of host memory (capture_guard.hpp).
+  if (!exit.made) throw std::bad_alloc();
+  if (pthread_getspecific(exit.key) != nullptr) return;
+  LeftCaptures& l = left_captures();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  const std::uint64_t token = this_thread_token();
+  l.watched.insert(token);
+  if (pthread_setspecific(exit.key, &first_round) != 0) {
+    l.watched.erase(token);
+    throw std::bad_alloc();
+  }
+}
+
+void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
+                       std::shared_ptr<Device> device, cudaStream_t stream, CaptureId id,
+                       std::uint64_t note) noexcept {
+  {
+    LeftCaptures& l = left_captures();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (!take_held(l, note)) {
+      // Its thread has exited, and counted it over then: only its note goes.
+      STREAMPOOL_ASSERT(l.begun > l.left.size());
+      --l.begun;
+      return;
+    }
     if (stream != cudaStreamPerThread || l.watched.count(token) != 0) {
       // Its room was taken as it began: no host memory is needed.
       STREAMPOOL_ASSERT(l.left.size() < l.begun && l.begun <= l.left.capacity());

@@ -16,9 +16,16 @@ namespace streampool::detail {
 
 // Called before cudaStreamBeginCapture (so that no thread sees the capture under way without
 // knowing of it) and after the capture is over, whatever its outcome. The begin may throw (out
-// of host memory): it takes the room of the capture's note, should it be left (below).
-void note_capture_begin(CaptureMode mode, std::thread::id thread);
-void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
+// of host memory): it takes the room of the capture's note, should it be left (below). It waits
+// for the calls other threads decided on before it (gate.hpp, CallPermit).
+// A capture of cudaStreamPerThread is noted with its thread's this_thread_token(): the begin
+// returns the note's number, which its end (or its note_capture_left) passes back. CUDA ends
+// the capture when that thread exits, and the exit counts it over, whoever holds it then (found
+// in review, 2026-12-07: one still bound to its CapturePool stayed counted until someone dropped
+// the CapturePool); the holder's later note only forgets it. Other captures: 0.
+std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
+                                 std::uint64_t per_thread_token = 0);
+void note_capture_end(CaptureMode mode, std::thread::id thread, std::uint64_t note = 0) noexcept;
 
 // Left captures: captures that may be under way (CUDA says so, or cannot tell) which the library
 // no longer binds nor ends, so they stay counted (calls_allowed() keeps refusing what they would
@@ -26,7 +33,7 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 // - Of cudaStreamPerThread, when its CapturePool went on another thread (capture_pool.hpp), or
 //   was detached or given up on its own thread before the caller's end: only the thread whose
 //   stream captures can ask, at one of its own safe points (settle_left_captures); counted over
-//   when it exits. The capturing thread calls watch_capturing_thread() when it begins a capture;
+//   at its exit (after CUDA's own cleanup of the thread, capture_guard.cpp). The capturing thread calls watch_capturing_thread() when it begins a capture;
 //   `token` is its this_thread_token(). One left by a thread that has exited is counted over at
 //   once.
 // - Of an explicit stream, detached or given up before the caller's own end, or whose every end
@@ -39,7 +46,7 @@ void note_capture_end(CaptureMode mode, std::thread::id thread) noexcept;
 void watch_capturing_thread();
 void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
-                       CaptureId id = 0) noexcept;
+                       CaptureId id = 0, std::uint64_t note = 0) noexcept;
 // The capture status of `stream` (an explicit stream, or this thread's per-thread one) and the id
 // of a capture under way, in one query: the one reading for every caller that lets a capture go
 // or counts a left one over (GateStatus::active, restricting, ordinary say what it means).

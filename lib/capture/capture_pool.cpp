@@ -109,10 +109,10 @@ void unbind(detail::CaptureBinding& binding, bool over = true) noexcept {
   detail::CaptureGate::of(core).unbind(
       detail::CaptureGate::key_of(capture.stream, capture.origin), capture.id);
   if (over) {
-    detail::note_capture_end(capture.mode, capture.thread);
+    detail::note_capture_end(capture.mode, capture.thread, capture.note);
   } else {
     detail::note_capture_left(capture.mode, capture.thread, capture.token, core.shared_device(),
-                              capture.stream, capture.id);
+                              capture.stream, capture.id, capture.note);
   }
   binding.end_capture();
   binding.unref();  // the capture's reference
@@ -202,9 +202,10 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
       askable ? detail::capture_now(binding.core().device(), capture.stream) : detail::GateStatus{};
   if (!askable || now.restricting()) {
     detail::note_capture_left(capture.mode, capture.thread, capture.token,
-                              binding.core().shared_device(), capture.stream, now.id);
+                              binding.core().shared_device(), capture.stream, now.id,
+                              capture.note);
   } else {
-    detail::note_capture_end(capture.mode, capture.thread);
+    detail::note_capture_end(capture.mode, capture.thread, capture.note);
   }
   binding.end_capture();  // nothing was dropped in it: only the claim and the record go
 }
@@ -360,15 +361,16 @@ void prepare(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream, Capt
   const detail::Need before = core.fence_now(*found.state, found.generation);
   // Known to every thread before CUDA begins it, so that none makes a call it would refuse.
   const std::thread::id thread = std::this_thread::get_id();
+  const std::uint64_t token = detail::this_thread_token();
+  std::uint64_t note = 0;
   try {
-    detail::note_capture_begin(mode, thread);
+    note = detail::note_capture_begin(mode, thread, stream == cudaStreamPerThread ? token : 0);
   } catch (...) {
     gate.unbind(key, 0);  // as unprepare() would, had the capture been set
     binding.unclaim();
     throw;
   }
-  binding.set_capture({false, 0, mode, stream, found.state, thread, before,
-                       detail::this_thread_token()});
+  binding.set_capture({false, 0, mode, stream, found.state, thread, before, token, note});
 }
 
 bool attach(const std::shared_ptr<CapturePool>& pool, const char* entry) {
