@@ -10,6 +10,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <thread>
@@ -358,6 +361,61 @@ TEST_CASE("probe a per-thread stream's global capture whose thread exits", "[.pr
   std::printf("after its exit, main thread: cudaMalloc again: %s\n",
               cudaGetErrorName(cudaMalloc(&p, 1 << 20)));
   if (p != nullptr) cudaFree(p);
+  cudaGetLastError();
+}
+
+// When, during the exit of a thread whose per-thread stream captures (global mode), does CUDA
+// end that capture? Asked from two points of the exit: a C++ thread_local destructor of an object
+// made after the begin (where the capture guard once counted it over), and the second round of
+// the thread-specific data destructors (where it does now: lib/capture/capture_guard.cpp). At
+// each, another thread tries cudaMalloc, which a global capture under way refuses.
+namespace {
+std::atomic<int> exit_probe_round{0};
+pthread_key_t exit_probe_key;
+cudaError_t malloc_elsewhere() {
+  cudaError_t result = cudaSuccess;
+  std::thread([&] {
+    void* p = nullptr;
+    result = cudaMalloc(&p, 1 << 20);
+    if (result == cudaSuccess) cudaFree(p);
+    cudaGetLastError();
+  }).join();
+  return result;
+}
+struct AtThreadLocalExit {
+  ~AtThreadLocalExit() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t asked = cudaStreamIsCapturing(cudaStreamPerThread, &status);
+    std::printf("in a thread_local destructor: own cudaStreamIsCapturing: %s, %s\n",
+                cudaGetErrorName(asked), status_name(status));
+    std::printf("in a thread_local destructor: another thread's cudaMalloc: %s\n",
+                cudaGetErrorName(malloc_elsewhere()));
+  }
+};
+void at_key_exit(void*) {
+  if (exit_probe_round.fetch_add(1) == 0) {
+    pthread_setspecific(exit_probe_key, &exit_probe_round);  // once more, in the next round
+    return;
+  }
+  std::printf("in the second round of key destructors: another thread's cudaMalloc: %s\n",
+              cudaGetErrorName(malloc_elsewhere()));
+}
+}  // namespace
+
+TEST_CASE("probe when a per-thread stream's capture ends during its thread's exit", "[.probe]") {
+  REQUIRE(pthread_key_create(&exit_probe_key, at_key_exit) == 0);
+  std::thread([] {
+    const cudaError_t began =
+        cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeGlobal);
+    std::printf("exiting thread: cudaStreamBeginCapture(cudaStreamPerThread, global): %s\n",
+                cudaGetErrorName(began));
+    thread_local AtThreadLocalExit at_exit;
+    static_cast<void>(at_exit);
+    pthread_setspecific(exit_probe_key, &exit_probe_round);
+  }).join();
+  std::printf("after its exit: another thread's cudaMalloc: %s\n",
+              cudaGetErrorName(malloc_elsewhere()));
+  pthread_key_delete(exit_probe_key);
   cudaGetLastError();
 }
 
