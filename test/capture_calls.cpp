@@ -3,6 +3,7 @@
 // invalidates the capture: seen on the H200, copied by the fake device). Where the library cannot
 // do what was asked without such a call it refuses with an error, or waits until the capture is
 // over; it never costs the caller the capture.
+#include "../lib/pool/gate.hpp"  // gate_engaged
 #include "fake_helpers.hpp"
 #include "hooked_device.hpp"
 #include "pool_helpers.hpp"
@@ -53,6 +54,15 @@ void end_captured_elsewhere(streampool::FakeDevice& fake, cudaStream_t stream,
   streampool::detach_capture_with_pool(pool);
   pool.reset();
   fake.complete_all();
+}
+
+// Until a capture's begin on another thread is counted (it may then wait for calls past their
+// look at the gate: gate.hpp, CallPermit), or 10 s.
+void until_counted() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!streampool::detail::gate_engaged() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
 }
 
 // Calls `call`, which may refuse with an Error: the test asserts what became of the capture.
@@ -289,12 +299,13 @@ TEST_CASE("a growth that waited for another thread's growth makes no device allo
   pool.device->after_next(Call::malloc, [&] {
     // b's growth holds the growth lock: a's allocation (more than b's segment leaves) decides to
     // grow and waits for it. Then a global capture with a pool begins, on a third thread: it is
-    // counted, and waits for b's growth. (An `a` that took more than 200 ms to reach the lock
+    // counted (the hook waits for that), and waits for b's growth. (An `a` that took more than 200 ms to reach the lock
     // would meet the capture at its first look instead: the same outcome, by the other line.)
     waited = on_own_thread([&] { Bytes::try_alloc_async(*pool, 24 * MiB, a, error); },
                            std::chrono::milliseconds(200));
     begun = on_own_thread([&] { streampool::begin_capture_with_pool(capture, s); },
-                          std::chrono::milliseconds(200));
+                          std::chrono::milliseconds(0));
+    until_counted();
   });
   auto on_b = Bytes::alloc_async(*pool, 8 * MiB, b);
   pool.device->run_unfired();
@@ -449,5 +460,34 @@ TEST_CASE("a global capture with a pool begun between a call's look at the gate 
   REQUIRE(fired_in_call);  // the call was made
   CHECK_FALSE(began_before_call);
   CHECK(capture_status(fake, s) == CaptureStatus::active);
+  end_captured_elsewhere(fake, s, capture);
+}
+
+// A begin waits only for the calls its mode refuses: a relaxed capture allows cudaMalloc, so its
+// begin goes on while another thread's growth is past its look at the gate.
+TEST_CASE("a relaxed capture's begin does not wait for another thread's device allocation") {
+  HookedPool pool;  // fixed segments: nothing but cudaMalloc can grow
+  FakeDevice& fake = pool.fake();
+  cudaStream_t s = fake.create_stream();
+  cudaStream_t other = fake.create_stream();
+  auto capture = std::make_shared<CapturePool>(*pool);
+  std::atomic<bool> began{false};
+  bool began_before_malloc = false;
+  std::shared_future<void> begun;
+  pool.device->before_next(Call::malloc, [&] {
+    begun = on_own_thread([&] {
+      streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
+      began = true;
+    });
+    began_before_malloc = began;
+  });
+  std::error_code error;
+  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);
+  pool.device->run_unfired();
+  begun.get();
+  CHECK(began_before_malloc);
+  CHECK_FALSE(error);
+  CHECK(capture_status(fake, s) == CaptureStatus::active);
+  grown.reset();
   end_captured_elsewhere(fake, s, capture);
 }

@@ -24,8 +24,11 @@
 //     use is kept until all of them have gone. Only the CapturePool's own MemoryPool adopts: a
 //     buffer of another MemoryPool that a graph uses goes back to its pool when dropped, so hand
 //     it to record_buffer instead.
-//   - No call that CUDA refuses during the capture's mode is made, on any thread: a begin waits
-//     for such calls that other threads decided on before it (docs/design.md, "CapturePool").
+//   - No call that CUDA refuses during the capture's mode is made by the pool, on any thread: a
+//     begin waits for such calls that other threads decided on before it (docs/design.md,
+//     "CapturePool"). Not the calls of owners' destructors given to record_buffer, which a
+//     graph's release runs: they are not begun while a capture is under way, but one already
+//     running when another thread begins a capture is not waited for.
 //     The pool grows during the capture as needed where the MemoryPool can: in
 //     every mode by mapping into the addresses its expandable segments hold reserved (from the
 //     first growth until a trim gives an empty reservation back; the mapping calls are allowed
@@ -272,8 +275,10 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // begins captures itself and lets the pool allocate for them on a stream that is not captured
 // (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
 // `thread` is the thread whose calls a thread-local capture restricts. The constructor, as a
-// begin, waits for the calls other threads' pool work decided on before it (a device synchronize
-// of a trim among them); it throws std::bad_alloc where host memory has run out (nothing is then
+// begin, waits for the calls of the pool's that other threads decided on before it and that the
+// mode refuses (a device synchronize of a trim among them): made before the framework's
+// cudaStreamBeginCapture, no such call is made during the capture; made after it, calls already
+// decided may still be. It throws std::bad_alloc where host memory has run out (nothing is then
 // counted).
 class STREAMPOOL_API CaptureNotice {
  public:

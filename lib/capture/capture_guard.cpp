@@ -183,22 +183,31 @@ void on_thread_exit(void* round) noexcept {
 // threads rarely share a line): a begin waits for each slot to be empty at some moment after it
 // counted itself. A permit taken after that sees the count (both sides sequentially consistent:
 // a permit's increment then its reading of the counts, a begin's counting then its reading of
-// the slots), and is refused at once unless its call is one the capture allows.
+// the slots), and is refused at once unless its call is one the capture allows. Two counts a
+// slot: the calls every capture refuses (a free, a device synchronize), for which every begin
+// waits, and the rest, which only a global capture refuses on other threads (Restricted), for
+// which only a global begin waits, or a thread-local one noted for another thread: a relaxed
+// begin waiting for another thread's cudaMalloc, which it allows, would only be delayed.
 struct alignas(64) PermitSlot {
-  std::atomic<int> held{0};
+  std::atomic<int> strict{0};
+  std::atomic<int> moded{0};
 };
 constexpr std::size_t permit_slots = 64;
 PermitSlot permits[permit_slots];
-std::atomic<int>& permit_slot() noexcept {
-  return permits[this_thread_token() % permit_slots].held;
+std::atomic<int>& permit_slot(Restricted call) noexcept {
+  PermitSlot& slot = permits[this_thread_token() % permit_slots];
+  return call == Restricted::free || call == Restricted::device_sync ? slot.strict : slot.moded;
 }
 // Permits held by this thread: a begin on a thread that holds one would wait for itself.
 thread_local int permits_here = 0;
 
-void wait_for_permits() noexcept {
+void wait_for_permits(bool moded_too) noexcept {
   STREAMPOOL_ASSERT(permits_here == 0);
   for (PermitSlot& slot : permits) {
-    while (slot.held.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    while (slot.strict.load(std::memory_order_seq_cst) != 0 ||
+           (moded_too && slot.moded.load(std::memory_order_seq_cst) != 0)) {
+      std::this_thread::yield();
+    }
   }
 }
 
@@ -261,7 +270,8 @@ std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
   gate_engagements.fetch_add(1, std::memory_order_seq_cst);
   // Counted: every later check sees it. Calls already past their checks complete first (CUDA
   // has not begun the capture yet: the caller begins it after this).
-  wait_for_permits();
+  wait_for_permits(mode == CaptureMode::global ||
+                   (mode == CaptureMode::thread_local_ && thread != std::this_thread::get_id()));
   return note;
 }
 
@@ -384,9 +394,10 @@ bool calls_allowed(Restricted call) noexcept {
 }
 
 std::atomic<int>* take_permit(Restricted call) noexcept {
-  std::atomic<int>& slot = permit_slot();
+  std::atomic<int>& slot = permit_slot(call);
   // Taken before the reading (see PermitSlot), and given back where refused; the settle (which
-  // asks CUDA about streams) is made with none held.
+  // asks CUDA about streams) is made without this one (a permit this thread took before may be
+  // held: no settle waits for a permit).
   for (bool settled = false;; settled = true) {
     slot.fetch_add(1, std::memory_order_seq_cst);
     if (call == Restricted::vm_map || allowed_now(call)) {

@@ -140,7 +140,9 @@ void complete_graph_releases_of(const PoolCore* core) noexcept {
   // round finds none of them.
   while (d.pending.load(std::memory_order_acquire)) {
     // A release drops buffers and runs the owners' destructors given to record_buffer, which may
-    // make any call: none while a capture of ours is under way.
+    // make any call: none while a capture of ours is under way. Checked, not under a permit (a
+    // permit never spans the caller's code, gate.hpp): a capture begun on another thread while
+    // a release is under way may be refused an owner's call.
     if (!calls_allowed(Restricted::free)) return;
     // First the handles CUDA refused to destroy: destroying one may release a graph's user
     // object, whose reference is queued then (no lock held: the release takes the mutex).

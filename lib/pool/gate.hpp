@@ -62,8 +62,10 @@ bool calls_allowed(Restricted call) noexcept;
 // in review, 2026-12-07: a global capture begun while another thread's growth was past its check
 // was invalidated by that thread's cudaMalloc). Refused where calls_allowed(call) is false. A
 // permit is never held across a wait for something a capture's begin holds (no lock is held by
-// a begin while it waits), nor across code of the caller's (it could begin a capture). Nested
-// permits on one thread are allowed.
+// a begin while it waits), nor across code of the caller's (it could begin a capture) but for
+// the Device's own methods: a Device of the user's must not begin a capture, nor wait for a
+// thread that does. Nested permits on one thread are allowed. A begin waits only for the
+// permits of calls its mode refuses (capture_guard.cpp).
 std::atomic<int>* take_permit(Restricted call) noexcept;  // the slot taken, or null
 void return_permit(std::atomic<int>* slot) noexcept;
 class CallPermit {
