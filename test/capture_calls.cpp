@@ -299,8 +299,9 @@ TEST_CASE("a growth that waited for another thread's growth makes no device allo
   pool.device->after_next(Call::malloc, [&] {
     // b's growth holds the growth lock: a's allocation (more than b's segment leaves) decides to
     // grow and waits for it. Then a global capture with a pool begins, on a third thread: it is
-    // counted (the hook waits for that), and waits for b's growth. (An `a` that took more than 200 ms to reach the lock
-    // would meet the capture at its first look instead: the same outcome, by the other line.)
+    // counted (the hook waits for that), and waits for b's growth. (An `a` that took more than
+    // 200 ms to reach the lock would meet the capture at its first look instead: the same
+    // outcome, by the other line.)
     waited = on_own_thread([&] { Bytes::try_alloc_async(*pool, 24 * MiB, a, error); },
                            std::chrono::milliseconds(200));
     begun = on_own_thread([&] { streampool::begin_capture_with_pool(capture, s); },

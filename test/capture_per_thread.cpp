@@ -480,3 +480,56 @@ TEST_CASE("a per-thread capture still bound when its thread exits is counted ove
   CHECK(fake.calls(FakeDevice::Call::device_synchronize) > after_end);
   fake.complete_all();
 }
+
+// Whatever lets a per-thread capture go after its thread's exit counted it over, its note goes
+// once: a global capture begun later is counted as one, and nothing is once it is over.
+TEST_CASE("a per-thread capture counted over at its thread's exit is not counted over again by "
+          "what lets it go later") {
+  PoolOnFake pool;
+  FakeDevice& fake = pool.fake();
+  cudaStream_t other = fake.create_stream();
+  Bytes::alloc_async(*pool, 4 * MiB, other).reset();
+  fake.complete_all();
+  auto cp = std::make_shared<CapturePool>(*pool);
+  const auto trim_synchronizes = [&] {
+    const auto before = fake.calls(FakeDevice::Call::device_synchronize);
+    pool->trim(0);
+    return fake.calls(FakeDevice::Call::device_synchronize) > before;
+  };
+  SECTION("prepared and never begun, the CapturePool dropped after the exit") {
+    std::thread([&] {
+      streampool::prepare_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::global);
+    }).join();
+    CHECK(trim_synchronizes());
+    cp.reset();
+  }
+  SECTION("begun, and detached after the exit") {
+    std::thread([&] {
+      streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::global);
+    }).join();
+    CHECK(trim_synchronizes());
+    streampool::detach_capture_with_pool(cp);
+    cp.reset();
+  }
+  SECTION("begun in thread-local mode: a later thread (which may get the exited one's id) grows") {
+    std::thread([&] {
+      streampool::begin_capture_with_pool(cp, cudaStreamPerThread, CaptureMode::thread_local_);
+    }).join();
+    std::error_code error;
+    std::thread([&] {
+      Bytes::try_alloc_async(*pool, 64 * MiB, other, error).reset();
+    }).join();
+    CHECK_FALSE(error);
+    cp.reset();
+  }
+  CHECK(trim_synchronizes());
+  cudaStream_t s = fake.create_stream();
+  auto next = std::make_shared<CapturePool>(*pool);
+  streampool::begin_capture_with_pool(next, s, CaptureMode::global);
+  std::error_code error;
+  auto refused = Bytes::try_alloc_async(*pool, 128 * MiB, other, error);
+  CHECK(error == streampool::Errc::capture_forbids_call);
+  streampool::end_capture_with_pool(s, next);
+  CHECK(trim_synchronizes());
+  fake.complete_all();
+}

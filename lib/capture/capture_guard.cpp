@@ -133,14 +133,17 @@ void uncount(CaptureMode mode, std::thread::id thread) noexcept;
 
 // At the exit of a thread that began a capture of its per-thread stream: CUDA ends the stream's
 // captures with the thread, and what was left to it can no longer be ended by it. Not in a C++
-// thread_local destructor: CUDA's own thread cleanup comes after those (in glibc a thread's C++
-// thread_local destructors run before its thread-specific data's destructors), and a capture
-// counted over before it was still under way, refusing another thread's call in between (found
+// thread_local destructor: CUDA's own cleanup of the thread may come after those (in glibc a
+// thread's C++ thread_local destructors run before its thread-specific data's destructors; the
+// fake ends the capture in a thread_local destructor of its own, made before this layer's), and
+// a capture counted over before it ended still refused another thread's call in between (found
 // in review, 2026-12-07). So a thread-specific value's destructor, put off once to the second
-// round of those destructors, after every other key's first.
-char first_round = 0;
-char second_round = 0;
-void on_thread_exit(void* round) noexcept;
+// round of those destructors, after every other key's first (probes.cpp asks CUDA when).
+char armed = 0;  // the key's value once set
+// Put off already in this thread's exit: a capture begun by another key's destructor after this
+// one ran sets the key again, and a second putting-off could run past the last round.
+constinit thread_local bool exit_put_off = false;
+void on_thread_exit(void* value) noexcept;
 struct ExitKey {
   pthread_key_t key{};
   bool made = false;
@@ -148,8 +151,11 @@ struct ExitKey {
 };
 ExitKey& exit_key() noexcept { return never_destroyed<ExitKey>(); }
 
-void on_thread_exit(void* round) noexcept {
-  if (round == &first_round && pthread_setspecific(exit_key().key, &second_round) == 0) return;
+void on_thread_exit(void*) noexcept {
+  if (!exit_put_off && pthread_setspecific(exit_key().key, &armed) == 0) {
+    exit_put_off = true;  // to the next round
+    return;
+  }
   const std::uint64_t token = this_thread_token();
   LeftCaptures& l = left_captures();
   {
@@ -296,7 +302,7 @@ void watch_capturing_thread() {
   std::lock_guard<std::mutex> lock(l.mutex);
   const std::uint64_t token = this_thread_token();
   l.watched.insert(token);
-  if (pthread_setspecific(exit.key, &first_round) != 0) {
+  if (pthread_setspecific(exit.key, &armed) != 0) {
     l.watched.erase(token);
     throw std::bad_alloc();
   }

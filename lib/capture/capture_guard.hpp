@@ -33,9 +33,9 @@ void note_capture_end(CaptureMode mode, std::thread::id thread, std::uint64_t no
 // - Of cudaStreamPerThread, when its CapturePool went on another thread (capture_pool.hpp), or
 //   was detached or given up on its own thread before the caller's end: only the thread whose
 //   stream captures can ask, at one of its own safe points (settle_left_captures); counted over
-//   at its exit (after CUDA's own cleanup of the thread, capture_guard.cpp). The capturing thread calls watch_capturing_thread() when it begins a capture;
-//   `token` is its this_thread_token(). One left by a thread that has exited is counted over at
-//   once.
+//   at its exit (after CUDA's own cleanup of the thread, capture_guard.cpp). The capturing
+//   thread calls watch_capturing_thread() when it begins a capture; `token` is its
+//   this_thread_token(). One left by a thread that has exited is counted over at once.
 // - Of an explicit stream, detached or given up before the caller's own end, or whose every end
 //   CUDA refused as its CapturePool went: any thread asks, at its safe points and at the first
 //   call the capture would refuse. `id` is the capture's as CUDA gave it (0 where CUDA could
