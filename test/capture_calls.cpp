@@ -16,6 +16,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <vector>
 
 using fake_test::capture_status;
 using streampool::CapturedGraph;
@@ -491,4 +492,103 @@ TEST_CASE("a relaxed capture's begin does not wait for another thread's device a
   CHECK(capture_status(fake, s) == CaptureStatus::active);
   grown.reset();
   end_captured_elsewhere(fake, s, capture);
+}
+
+// A device whose restricted calls, made from a thread that asks for it, first sleep a little: the
+// moment between the pool's look at the gate and the call, widened for a stress test to find.
+thread_local bool slow_calls_here = false;
+class SlowDevice final : public streampool::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  // The names device_calls.def uses, as in namespace streampool.
+  using StreamId = streampool::StreamId;
+  using CaptureId = streampool::CaptureId;
+  using CaptureMode = streampool::CaptureMode;
+  using CaptureStatus = streampool::CaptureStatus;
+#define STREAMPOOL_DEVICE_CALL(name, params, args)                            \
+  cudaError_t name params noexcept override {                                 \
+    if (slow_calls_here && slowed(Call::name)) spin_a_little();               \
+    return inner().name args;                                                 \
+  }
+#include <streampool/device_calls.def>
+
+ private:
+  static void spin_a_little() noexcept {  // 20 us: a sleep would take a millisecond or more
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+  static bool slowed(Call call) noexcept {
+    return call == Call::malloc || call == Call::free || call == Call::device_synchronize ||
+           call == Call::stream_synchronize || call == Call::event_query ||
+           call == Call::event_synchronize;
+  }
+};
+
+// The permits at work: threads that grow (cudaMalloc), trim (device synchronize, cudaFree) and
+// wait for other streams' fences on one device, each call slowed, while another thread begins
+// and ends global captures with a pool on that device, over and over. No capture is refused its
+// end, nor any of its allocations (every call it would refuse waited for, or not made).
+TEST_CASE("global captures begun over and over beside threads that grow and trim all end "
+          "intact") {
+  auto options = test_options();
+  options.segment_bytes = 4 * MiB;  // fixed segments: growths are cudaMalloc, trims cudaFree
+  auto fake_device = std::make_shared<FakeDevice>();
+  streampool::MemoryPool pool(std::make_shared<SlowDevice>(fake_device), options);
+  FakeDevice& fake = *fake_device;
+  cudaStream_t captured = fake.create_stream();
+  std::atomic<bool> stop{false};
+  std::atomic<int> work{0};
+  std::vector<std::jthread> workers;
+  for (int t = 0; t < 2; ++t) {
+    workers.emplace_back([&, t] {
+      slow_calls_here = true;
+      cudaStream_t own = fake.create_stream();
+      std::uint32_t x = 12345u + static_cast<std::uint32_t>(t);
+      while (!stop.load()) {
+        x = x * 1664525u + 1013904223u;
+        const std::size_t bytes = std::size_t{4096} << (x >> 28) % 12;  // 4 KiB to 8 MiB
+        std::error_code error;  // refused during a capture: allowed
+        auto buffer = Bytes::try_alloc_async(pool, bytes, own, error);
+        if ((x & 7) == 0) {
+          try {
+            pool.trim(0);
+          } catch (const streampool::Error&) {
+          }
+        }
+        work.fetch_add(1);
+      }
+    });
+  }
+  auto cp = std::make_shared<CapturePool>(pool);
+  cp->reserve(2 * MiB);
+  constexpr int captures = 100;  // without the permits, a third to nine tenths were refused
+  int ended = 0;
+  int refused = 0;
+  for (int i = 0; i < captures; ++i) {
+    try {
+      streampool::begin_capture_with_pool(cp, captured, CaptureMode::global);
+      auto inside = Bytes::alloc_async(pool, 64 * 1024, captured);
+      inside.reset();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // the others' calls meanwhile
+      CapturedGraph graph = streampool::end_capture_with_pool(captured, cp);
+      ++ended;
+    } catch (const streampool::Error& e) {
+      ++refused;
+      UNSCOPED_INFO("capture " << i << ": " << e.what());
+      if (capture_status(fake, captured) != CaptureStatus::none) {
+        cudaGraph_t graph = nullptr;
+        static_cast<void>(fake.end_capture(captured, &graph));
+        if (graph != nullptr) static_cast<void>(fake.graph_destroy(graph));
+      }
+      streampool::detach_capture_with_pool(cp);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // and between captures
+  }
+  stop = true;
+  workers.clear();
+  CHECK(refused == 0);
+  CHECK(ended == captures);
+  CHECK(work.load() > 0);
+  fake.complete_all();
 }

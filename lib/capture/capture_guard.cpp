@@ -5,6 +5,7 @@
 #include "../pool/stream_state.hpp"  // this_thread_token
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstddef>
 #include <mutex>
@@ -207,12 +208,24 @@ std::atomic<int>& permit_slot(Restricted call) noexcept {
 // Permits held by this thread: a begin on a thread that holds one would wait for itself.
 thread_local int permits_here = 0;
 
+// A permit is held for one call (or a few, in a loop): the wait yields at first, then sleeps,
+// longer each time up to a millisecond, so that a holder the scheduler took off its core gets
+// one back (a stress test on 2 busy cores saw waits of hundreds of milliseconds that yielding
+// alone did not shorten).
 void wait_for_permits(bool moded_too) noexcept {
   STREAMPOOL_ASSERT(permits_here == 0);
+  int yields = 0;
+  auto nap = std::chrono::microseconds(10);
   for (PermitSlot& slot : permits) {
     while (slot.strict.load(std::memory_order_seq_cst) != 0 ||
            (moded_too && slot.moded.load(std::memory_order_seq_cst) != 0)) {
-      std::this_thread::yield();
+      if (yields < 64) {
+        ++yields;
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(1000));
+      }
     }
   }
 }
@@ -403,8 +416,17 @@ std::atomic<int>* take_permit(Restricted call) noexcept {
   std::atomic<int>& slot = permit_slot(call);
   // Taken before the reading (see PermitSlot), and given back where refused; the settle (which
   // asks CUDA about streams) is made without this one (a permit this thread took before may be
-  // held: no settle waits for a permit).
+  // held: no settle waits for a permit). Refused at once, slot untouched, where a capture is
+  // counted already: threads that keep asking during a capture would each keep their slots
+  // busy a moment, and a begin that waits for one of them preempted in that moment waited for
+  // the scheduler (seen in the stress test of capture_calls.cpp, begins of up to 100 ms).
   for (bool settled = false;; settled = true) {
+    if (call != Restricted::vm_map && !allowed_now(call)) {
+      if (settled || left_captures().count.load(std::memory_order_relaxed) == 0) return nullptr;
+      settle_left_captures();
+      settled = true;
+      if (!allowed_now(call)) return nullptr;
+    }
     slot.fetch_add(1, std::memory_order_seq_cst);
     if (call == Restricted::vm_map || allowed_now(call)) {
       ++permits_here;

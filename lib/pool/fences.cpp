@@ -105,14 +105,15 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
 
 void PoolCore::refresh(StreamState& s) noexcept {
   const std::uint64_t device_done = device_timeline_.completed.load(std::memory_order_acquire);
-  CallPermit query;  // taken at the first event (gate.hpp: the gate forbids queries at times)
   while (!s.fences.empty()) {
     const Fence fence = s.fences.front();
     if (fence.event == nullptr) {
       if (fence.device_index >= device_done) return;
     } else {
-      if (!query && !(query = CallPermit(Restricted::event_wait))) return;
-      if (device_->event_query(fence.event) != cudaSuccess) return;
+      // A permit a query (gate.hpp: the gate forbids queries at times), not one for the loop: a
+      // stream may have many fences to learn, and a capture's begin waits for the permit.
+      const CallPermit query(Restricted::event_wait);
+      if (!query || device_->event_query(fence.event) != cudaSuccess) return;
       events_.give(fence.event);
     }
     s.timeline.completed.store(fence.index + 1, std::memory_order_release);

@@ -172,7 +172,7 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
   // Asked again: the gate may have changed while this thread waited for the mutex, and another
   // thread's synchronize (or failure, which puts off the next try) may have made this one due no
   // longer: threads that found it due together would each sweep and synchronize in turn.
-  const CallPermit permit(Restricted::device_sync);  // through the synchronize below
+  CallPermit permit(Restricted::device_sync);  // through the synchronize below, no further
   if (!permit || (only_if_due && !reclaim_due())) return false;
   // A virtual fence on every stream, then the synchronize completes them all: blocks dropped
   // before the fence are covered; blocks other threads drop meanwhile get later needs, which
@@ -208,7 +208,9 @@ bool PoolCore::synchronize_and_reclaim(Failure* failed, bool only_if_due) noexce
       s->lock.unlock();
     }
   }
-  if (const cudaError_t status = device_->device_synchronize(); status != cudaSuccess) {
+  const cudaError_t status = device_->device_synchronize();
+  permit.release();
+  if (status != cudaSuccess) {
     if (failed != nullptr) *failed = Failure::of(status, "cudaDeviceSynchronize");
     // Its virtual fences hold every stream's later ones back: a later slow path tries again.
     const std::uint32_t failures = failed_syncs_.fetch_add(1, std::memory_order_relaxed) + 1;
