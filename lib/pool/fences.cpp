@@ -105,14 +105,18 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
 
 void PoolCore::refresh(StreamState& s) noexcept {
   const std::uint64_t device_done = device_timeline_.completed.load(std::memory_order_acquire);
+  // A permit for up to 16 queries (gate.hpp: the gate forbids queries at times): most refreshes
+  // ask one or two, and a permit a query cost the paced stress about 2% of its rate on an H100
+  // (bench/results/h100-ab-permits.md); one for the whole loop held a capture's begin for as
+  // long as a stream's many fences took to learn (the stress test in capture_calls.cpp).
+  CallPermit query;
+  unsigned asked = 0;
   while (!s.fences.empty()) {
     const Fence fence = s.fences.front();
     if (fence.event == nullptr) {
       if (fence.device_index >= device_done) return;
     } else {
-      // A permit a query (gate.hpp: the gate forbids queries at times), not one for the loop: a
-      // stream may have many fences to learn, and a capture's begin waits for the permit.
-      const CallPermit query(Restricted::event_wait);
+      if (asked++ % 16 == 0) query = CallPermit(Restricted::event_wait);
       if (!query || device_->event_query(fence.event) != cudaSuccess) return;
       events_.give(fence.event);
     }
