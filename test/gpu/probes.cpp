@@ -370,9 +370,10 @@ TEST_CASE("probe a per-thread stream's global capture whose thread exits", "[.pr
 // the capture guard counts it over: lib/capture/capture_guard.cpp), and a C++ thread_local
 // destructor of an object made after the begin (where it once did). At each, another thread
 // tries cudaMalloc, which a global capture under way refuses. Seen on the H100 (driver
-// 580.159.04, 2026-12-07), from the thread_local destructor: the capture active, the cudaMalloc
-// refused (cudaErrorStreamCaptureUnsupported); the process then crashed (SIGSEGV) before the
-// second point of that exit, so the points now have an exit each.
+// 580.159.04, 2026-12-07): in the second round, the cudaMalloc succeeds (CUDA ended the capture
+// before); in the thread_local destructor, the capture is active and the cudaMalloc refused
+// (cudaErrorStreamCaptureUnsupported), and the process then crashed (SIGSEGV) in the rest of
+// that exit (bench/results/h100-ab-permits.md).
 namespace {
 pthread_key_t exit_probe_key;
 bool exit_probe_in_thread_local = false;  // which point this exit asks at
