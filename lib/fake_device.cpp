@@ -33,6 +33,7 @@
 #include <streampool/error.hpp>
 
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -91,12 +92,34 @@ std::atomic<std::uint64_t> next_instance{1};
 // FakeDevice instance -> the stream cudaStreamPerThread names in this thread. At the thread's
 // exit, each of those streams' captures is over, as CUDA has it (seen on the H100: a thread that
 // began a global capture of its per-thread stream and exited restricts no other thread's
-// cudaMalloc or cudaDeviceSynchronize; test/gpu/probes.cpp).
+// cudaMalloc or cudaDeviceSynchronize; test/gpu/probes.cpp), and when CUDA has it: after the
+// thread's C++ thread_local destructors (still under way in them, and refusing other threads'
+// calls) and before the second round of its thread-specific data destructors (seen on the H100,
+// 2026-12-07). So in the first round of those: the map is the value of a key of its own, made at
+// the thread's first use.
 struct PerThreadStreams {
   std::unordered_map<std::uint64_t, StreamId> ids;
-  ~PerThreadStreams();  // below, once State is known
+  ~PerThreadStreams();  // below, once State is known: ends the captures
 };
-thread_local PerThreadStreams per_thread_streams;
+void end_per_thread_streams(void* streams) noexcept { delete static_cast<PerThreadStreams*>(streams); }
+pthread_key_t per_thread_key() {
+  static const pthread_key_t key = [] {
+    pthread_key_t made{};
+    if (pthread_key_create(&made, end_per_thread_streams) != 0) throw std::bad_alloc();
+    return made;
+  }();
+  return key;
+}
+// The calling thread's, made at its first use if `make` (null otherwise, and during its exit once
+// the key's destructor ran).
+PerThreadStreams* per_thread_streams(bool make) {
+  const pthread_key_t key = per_thread_key();
+  auto* mine = static_cast<PerThreadStreams*>(pthread_getspecific(key));
+  if (mine != nullptr || !make) return mine;
+  auto owned = std::make_unique<PerThreadStreams>();
+  if (pthread_setspecific(key, owned.get()) != 0) throw std::bad_alloc();
+  return owned.release();
+}
 // Non-zero while this thread runs a user object's destructor, where CUDA forbids CUDA calls.
 thread_local int in_user_object_destructor = 0;
 
@@ -519,11 +542,12 @@ struct FakeDevice::State {
   Stream* find_stream(cudaStream_t handle) {
     if (is_legacy(handle)) return &streams.at(legacy);
     if (handle == cudaStreamPerThread) {
-      auto it = per_thread_streams.ids.find(instance);
-      if (it == per_thread_streams.ids.end()) {
+      PerThreadStreams& mine = *per_thread_streams(true);
+      auto it = mine.ids.find(instance);
+      if (it == mine.ids.end()) {
         Stream& made = new_stream();
         made.blocking = true;
-        it = per_thread_streams.ids.emplace(instance, made.id).first;
+        it = mine.ids.emplace(instance, made.id).first;
       }
       return &streams.at(it->second);
     }
@@ -1239,7 +1263,7 @@ FakeDevice::~FakeDevice() {
     state_->user_objects.clear();
   }
   run_destructors(remaining);
-  per_thread_streams.ids.erase(state_->instance);
+  if (PerThreadStreams* mine = per_thread_streams(false)) mine->ids.erase(state_->instance);
 }
 
 // --- controls ---------------------------------------------------------------------------------

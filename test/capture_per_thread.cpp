@@ -32,10 +32,9 @@ CaptureStatus own_status(FakeDevice& fake) {
   return fake_test::capture_status(fake, cudaStreamPerThread);
 }
 
-// A thread_local of the test's whose destructor runs at its thread's exit, in the reverse order
-// of first use: made after the fake's per-thread streams, it runs before the per-thread stream's
-// capture ends, and before the capture guard takes the count back (after every thread_local's
-// destructor).
+// A thread_local of the test's whose destructor runs at its thread's exit: before the fake ends
+// the per-thread stream's capture (in the first round of the thread-specific data destructors, as
+// CUDA does) and before the capture guard takes the count back (in the second).
 struct AtExit {
   std::function<void()> action;
   ~AtExit() {

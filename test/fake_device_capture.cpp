@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <optional>
+#include <thread>
 
 using namespace fake_test;
 
@@ -747,4 +748,36 @@ TEST_CASE("a joined per-thread stream whose thread exits leaves the capture goin
   CHECK(status == CaptureStatus::active);
   end_and_discard(device, o, cudaErrorStreamCaptureUnjoined);
   REQUIRE(device.event_destroy(fork) == cudaSuccess);
+}
+
+// A thread that exits while its per-thread stream captures (global mode): the capture is under
+// way through the thread's C++ thread_local destructors, refusing other threads' calls, and over
+// once the thread has exited, as the H100 answered (test/gpu/probes.cpp).
+namespace {
+struct StatusAtExit {
+  FakeDevice* device = nullptr;
+  CaptureStatus* seen = nullptr;
+  ~StatusAtExit() {
+    if (device != nullptr) *seen = capture_status(*device, cudaStreamPerThread);
+  }
+};
+}  // namespace
+
+TEST_CASE("a per-thread stream's capture is under way through its thread's thread_local "
+          "destructors and over once the thread has exited",
+          "[fake][capture]") {
+  FakeDevice device;
+  CaptureStatus in_destructor = CaptureStatus::none;
+  std::thread([&] {
+    // Made before the fake's first use in the thread, so destroyed after anything of the fake's
+    // own that is a thread_local (the fake once ended the capture in one, too early).
+    thread_local StatusAtExit at_exit;
+    at_exit.device = &device;
+    at_exit.seen = &in_destructor;
+    REQUIRE(device.begin_capture(cudaStreamPerThread, CaptureMode::global) == cudaSuccess);
+  }).join();
+  CHECK(in_destructor == CaptureStatus::active);
+  void* p = nullptr;
+  CHECK(device.malloc(&p, 1 << 20) == cudaSuccess);
+  if (p != nullptr) CHECK(device.free(p) == cudaSuccess);
 }
