@@ -1230,6 +1230,9 @@ const FakeDevice::Options& checked(const FakeDevice::Options& options) {
 }  // namespace
 
 FakeDevice::FakeDevice(Options options) : state_(std::make_unique<State>(checked(options))) {
+  // Made here, where it may throw, and not first in a device call or the destructor, which may
+  // not.
+  static_cast<void>(per_thread_key());
   LiveStates& live = live_states();
   std::lock_guard registry(live.mutex);
   live.end_capture.emplace(state_->instance, [state = state_.get()](StreamId id) {

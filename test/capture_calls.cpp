@@ -494,7 +494,8 @@ TEST_CASE("a relaxed capture's begin does not wait for another thread's device a
   end_captured_elsewhere(fake, s, capture);
 }
 
-// A device whose restricted calls, made from a thread that asks for it, first sleep a little: the
+namespace {
+// A device whose restricted calls, made from a thread that asks for it, first spin a little: the
 // moment between the pool's look at the gate and the call, widened for a stress test to find.
 thread_local bool slow_calls_here = false;
 class SlowDevice final : public streampool::ForwardingDevice {
@@ -524,6 +525,7 @@ class SlowDevice final : public streampool::ForwardingDevice {
            call == Call::event_synchronize;
   }
 };
+}  // namespace
 
 // The permits at work: threads that grow (cudaMalloc), trim (device synchronize, cudaFree) and
 // wait for other streams' fences on one device, each call slowed, while another thread begins
@@ -537,15 +539,14 @@ TEST_CASE("global captures begun over and over beside threads that grow and trim
   streampool::MemoryPool pool(std::make_shared<SlowDevice>(fake_device), options);
   FakeDevice& fake = *fake_device;
   cudaStream_t captured = fake.create_stream();
-  std::atomic<bool> stop{false};
   std::atomic<int> work{0};
-  std::vector<std::jthread> workers;
+  std::vector<std::jthread> workers;  // stopped and joined as they go, on every path
   for (int t = 0; t < 2; ++t) {
-    workers.emplace_back([&, t] {
+    workers.emplace_back([&, t](std::stop_token stop) {
       slow_calls_here = true;
       cudaStream_t own = fake.create_stream();
       std::uint32_t x = 12345u + static_cast<std::uint32_t>(t);
-      while (!stop.load()) {
+      while (!stop.stop_requested()) {
         x = x * 1664525u + 1013904223u;
         const std::size_t bytes = std::size_t{4096} << (x >> 28) % 12;  // 4 KiB to 8 MiB
         std::error_code error;  // refused during a capture: allowed
@@ -562,6 +563,7 @@ TEST_CASE("global captures begun over and over beside threads that grow and trim
   }
   auto cp = std::make_shared<CapturePool>(pool);
   cp->reserve(2 * MiB);
+  while (work.load() < 2) std::this_thread::yield();  // the workers under way
   constexpr int captures = 100;  // without the permits, a third to nine tenths were refused
   int ended = 0;
   int refused = 0;
@@ -585,7 +587,6 @@ TEST_CASE("global captures begun over and over beside threads that grow and trim
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));  // and between captures
   }
-  stop = true;
   workers.clear();
   CHECK(refused == 0);
   CHECK(ended == captures);

@@ -412,7 +412,6 @@ TEST_CASE("a per-thread capture left to an exiting thread stays counted until th
   CaptureStatus status_in_window = CaptureStatus::none;
   CaptureStatus status_after_trim = CaptureStatus::none;
   std::thread t([&] {
-    static_cast<void>(own_status(fake));  // the fake's per-thread stream first
     at_exit_here().action = [&] {
       status_in_window = own_status(fake);
       in_window.set_value();

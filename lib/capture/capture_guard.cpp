@@ -136,7 +136,7 @@ void uncount(CaptureMode mode, std::thread::id thread) noexcept;
 // captures with the thread, and what was left to it can no longer be ended by it. Not in a C++
 // thread_local destructor: CUDA's own cleanup of the thread may come after those (in glibc a
 // thread's C++ thread_local destructors run before its thread-specific data's destructors; the
-// fake ends the capture in a thread_local destructor of its own, made before this layer's), and
+// H100 still captured in them, and the fake, as it, ends the capture in the first round), and
 // a capture counted over before it ended still refused another thread's call in between (found
 // in review, 2026-12-07). So a thread-specific value's destructor, put off once to the second
 // round of those destructors, after every other key's first (probes.cpp asks CUDA when).
@@ -214,9 +214,9 @@ thread_local int permits_here = 0;
 // alone did not shorten).
 void wait_for_permits(bool moded_too) noexcept {
   STREAMPOOL_ASSERT(permits_here == 0);
-  int yields = 0;
-  auto nap = std::chrono::microseconds(10);
   for (PermitSlot& slot : permits) {
+    int yields = 0;
+    auto nap = std::chrono::microseconds(10);
     while (slot.strict.load(std::memory_order_seq_cst) != 0 ||
            (moded_too && slot.moded.load(std::memory_order_seq_cst) != 0)) {
       if (yields < 64) {

@@ -116,7 +116,10 @@ void PoolCore::refresh(StreamState& s) noexcept {
     if (fence.event == nullptr) {
       if (fence.device_index >= device_done) return;
     } else {
-      if (asked++ % 16 == 0) query = CallPermit(Restricted::event_wait);
+      if (asked++ % 16 == 0) {
+        query.release();  // first: a begin that waits for this thread's slot sees it empty
+        query = CallPermit(Restricted::event_wait);
+      }
       if (!query || device_->event_query(fence.event) != cudaSuccess) return;
       events_.give(fence.event);
     }
