@@ -66,6 +66,40 @@ void until_counted() {
   }
 }
 
+// A capture with `pool` on `stream` that another thread begins just before the next `call` of
+// `device` reaches the fake, waited for up to `patience` there: whether it had begun by the time
+// the call was made (began_before), and whether the call was made within `making` (fired_in).
+struct BeginAtCall {
+  std::atomic<bool> began{false};
+  std::atomic<bool> making{false};
+  bool began_before = false;
+  bool fired_in = false;
+  std::shared_future<void> begun;
+
+  BeginAtCall(HookedDevice& device, Call call, std::shared_ptr<CapturePool> pool,
+              cudaStream_t stream, CaptureMode mode, std::chrono::milliseconds patience) {
+    device.before_next(call, [this, pool = std::move(pool), stream, mode, patience] {
+      fired_in = making;
+      begun = on_own_thread(
+          [this, pool, stream, mode] {
+            streampool::begin_capture_with_pool(pool, stream, mode);
+            began = true;
+          },
+          patience);
+      began_before = began;
+    });
+  }
+  // Makes the call through `make`, then runs the hook had it not fired, and waits for the begin.
+  template <class F>
+  void make(HookedDevice& device, F&& make) {
+    making = true;
+    make();
+    making = false;
+    device.run_unfired();
+    begun.get();
+  }
+};
+
 // Calls `call`, which may refuse with an Error: the test asserts what became of the capture.
 template <class F>
 void allowed_to_refuse(F call) {
@@ -322,31 +356,25 @@ TEST_CASE("a growth that waited for another thread's growth makes no device allo
 // Found in review, 2026-12-07: the gate was read, then the call made, with nothing that kept a
 // capture from beginning in between. A growth holds a permit from its look at the gate through
 // its cudaMalloc (gate.hpp, CallPermit): a global capture whose begin comes meanwhile waits for
-// it, and begins intact.
-TEST_CASE("a global capture with a pool begun while another thread's growth is past its look "
-          "at the gate begins once that growth's device allocation is made") {
+// it, and begins intact. A relaxed one, which allows cudaMalloc, does not wait.
+TEST_CASE("a capture with a pool begun while another thread's growth is past its look at the "
+          "gate waits for that growth's device allocation where its mode refuses it") {
+  const CaptureMode mode = GENERATE(CaptureMode::global, CaptureMode::relaxed);
+  CAPTURE(fake_test::mode_name(mode));
+  const bool waits = mode == CaptureMode::global;
   HookedPool pool;  // fixed segments: nothing but cudaMalloc can grow
   FakeDevice& fake = pool.fake();
   cudaStream_t s = fake.create_stream();
   cudaStream_t other = fake.create_stream();
   auto capture = std::make_shared<CapturePool>(*pool);
-  std::atomic<bool> began{false};
-  bool began_before_malloc = false;
-  std::shared_future<void> begun;
-  pool.device->before_next(Call::malloc, [&] {
-    begun = on_own_thread(
-        [&] {
-          streampool::begin_capture_with_pool(capture, s);
-          began = true;
-        },
-        std::chrono::milliseconds(200));
-    began_before_malloc = began;
-  });
+  // The patience: past the begin when it does not wait (long), past the call when it does.
+  BeginAtCall begin(*pool.device, Call::malloc, capture, s, mode,
+                    std::chrono::milliseconds(waits ? 200 : 2000));
   std::error_code error;
-  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);
-  pool.device->run_unfired();
-  begun.get();
-  CHECK_FALSE(began_before_malloc);  // it waited for the growth
+  Bytes grown;
+  begin.make(*pool.device, [&] { grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error); });
+  REQUIRE(begin.fired_in);
+  CHECK(begin.began_before == !waits);
   CHECK_FALSE(error);
   CHECK(grown.data() != nullptr);
   CHECK(fake.calls(Call::malloc) == 1);
@@ -439,58 +467,12 @@ TEST_CASE("a global capture with a pool begun between a call's look at the gate 
     make = [&] { Bytes::alloc_async(*pool, size, b).reset(); };
   }
   CAPTURE(static_cast<int>(call));
-  std::atomic<bool> began{false};
-  std::atomic<bool> in_call{false};
-  bool fired_in_call = false;
-  bool began_before_call = false;
-  std::shared_future<void> begun;
-  pool.device->before_next(call, [&] {
-    fired_in_call = in_call;
-    begun = on_own_thread(
-        [&] {
-          streampool::begin_capture_with_pool(capture, s);
-          began = true;
-        },
-        std::chrono::milliseconds(200));
-    began_before_call = began;
-  });
-  in_call = true;
-  make();
-  in_call = false;
-  pool.device->run_unfired();
-  begun.get();
-  REQUIRE(fired_in_call);  // the call was made
-  CHECK_FALSE(began_before_call);
+  BeginAtCall begin(*pool.device, call, capture, s, CaptureMode::global,
+                    std::chrono::milliseconds(200));
+  begin.make(*pool.device, make);
+  REQUIRE(begin.fired_in);  // the call was made
+  CHECK_FALSE(begin.began_before);
   CHECK(capture_status(fake, s) == CaptureStatus::active);
-  end_captured_elsewhere(fake, s, capture);
-}
-
-// A begin waits only for the calls its mode refuses: a relaxed capture allows cudaMalloc, so its
-// begin goes on while another thread's growth is past its look at the gate.
-TEST_CASE("a relaxed capture's begin does not wait for another thread's device allocation") {
-  HookedPool pool;  // fixed segments: nothing but cudaMalloc can grow
-  FakeDevice& fake = pool.fake();
-  cudaStream_t s = fake.create_stream();
-  cudaStream_t other = fake.create_stream();
-  auto capture = std::make_shared<CapturePool>(*pool);
-  std::atomic<bool> began{false};
-  bool began_before_malloc = false;
-  std::shared_future<void> begun;
-  pool.device->before_next(Call::malloc, [&] {
-    begun = on_own_thread([&] {
-      streampool::begin_capture_with_pool(capture, s, CaptureMode::relaxed);
-      began = true;
-    });
-    began_before_malloc = began;
-  });
-  std::error_code error;
-  auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, other, error);
-  pool.device->run_unfired();
-  begun.get();
-  CHECK(began_before_malloc);
-  CHECK_FALSE(error);
-  CHECK(capture_status(fake, s) == CaptureStatus::active);
-  grown.reset();
   end_captured_elsewhere(fake, s, capture);
 }
 
