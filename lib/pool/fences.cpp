@@ -107,8 +107,8 @@ void PoolCore::refresh(StreamState& s) noexcept {
   const std::uint64_t device_done = device_timeline_.completed.load(std::memory_order_acquire);
   // A permit for up to 16 queries (gate.hpp: the gate forbids queries at times): most refreshes
   // ask one or two, and a permit a query cost the paced stress about 2% of its rate on an H100
-  // (bench/results/h100-ab-permits.md); one for the whole loop held a capture's begin for as
-  // long as a stream's many fences took to learn (the stress test in capture_calls.cpp).
+  // (bench/results/h100-ab-permits.md); one for the whole loop held up the gate's waiter for as
+  // long as a stream's many fences took to learn (gate.hpp, CallPermit).
   CallPermit query;
   unsigned asked = 0;
   while (!s.fences.empty()) {

@@ -450,7 +450,7 @@ Block* LargeTier::grow(StreamState* s, std::size_t rounded, Need* had, bool* gre
   // One thread grows at a time (cudaMalloc is slow, and threads that missed together would each
   // add a segment): the arena's own mutex stays free meanwhile, so others allocate from it.
   std::unique_lock<CountedMutex> growing(growth_mutex_);
-  // Held from the decision through the cudaMalloc below (gate.hpp): no capture begins meanwhile.
+  // Held from the decision through the cudaMalloc below (gate.hpp, CallPermit).
   CallPermit malloc_permit;
   // At most one wait for s per growth (strands_own), made with growth_mutex_ released: other
   // growths (slabs of any stream, trim) go on while s's queued work drains.
