@@ -209,9 +209,9 @@ std::atomic<int>& permit_slot(Restricted call) noexcept {
 thread_local int permits_here = 0;
 
 // A permit is held for one call (or a few, in a loop): the wait yields at first, then sleeps,
-// longer each time up to a millisecond, so that a holder the scheduler took off its core gets
-// one back (a stress test on 2 busy cores saw waits of hundreds of milliseconds that yielding
-// alone did not shorten).
+// longer each time up to a millisecond, rather than keep a core that a holder the scheduler took
+// off its own may need. (Waits of hundreds of milliseconds in the stress test of
+// capture_calls.cpp came from a permit held across a loop, since fixed, not from this wait.)
 void wait_for_permits(bool moded_too) noexcept {
   STREAMPOOL_ASSERT(permits_here == 0);
   for (PermitSlot& slot : permits) {
