@@ -383,6 +383,46 @@ TEST_CASE("a capture with a pool begun while another thread's growth is past its
   end_captured_elsewhere(fake, s, capture);
 }
 
+// A thread-local capture restricts its own thread alone, whose calls end before its begin: a
+// notice of one for another thread (a framework's, before that thread begins) waits for no third
+// thread's device allocation, even one that takes long (found in review, 2026-12-08: it waited
+// for every thread's, and threads that kept allocating could hold it off without end).
+TEST_CASE("a thread-local capture noticed for another thread does not wait for a third thread's "
+          "device allocation") {
+  HookedPool pool;  // fixed segments: nothing but cudaMalloc can grow
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> in_call{false};
+  pool.device->before_next(Call::malloc, [&] {
+    in_call = true;
+    released.wait_for(std::chrono::seconds(10));
+  });
+  std::error_code error;
+  std::thread grower([&] {
+    auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, a, error);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!in_call && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  REQUIRE(in_call);  // the grower holds its permit, in its cudaMalloc
+  std::promise<void> quit;
+  std::thread noted([done = quit.get_future()]() mutable { done.wait(); });  // begins nothing
+  const std::thread::id capturing = noted.get_id();
+  std::shared_future<void> noticed = on_own_thread(
+      [capturing] { streampool::CaptureNotice notice(CaptureMode::thread_local_, capturing); },
+      std::chrono::milliseconds(2000));
+  const bool without_waiting = noticed.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  release.set_value();
+  grower.join();
+  noticed.wait();
+  quit.set_value();
+  noted.join();
+  CHECK(without_waiting);
+  CHECK_FALSE(error);
+  CHECK(fake.calls(Call::malloc) == 1);
+}
+
 // A device whose granularity query answers but whose address reservation says it lacks virtual
 // memory: the growth falls back to cudaMalloc (LargeTier::grow) under the permit it took before
 // those calls, so that a global capture with a pool begun during them waits for it.

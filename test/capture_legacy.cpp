@@ -5,11 +5,17 @@
 // that stream anything it cannot answer by failing the request, and may not invalidate a
 // capture it has no part in, however the buffer comes back.
 #include "fake_helpers.hpp"
+#include "hooked_device.hpp"
 #include "pool_helpers.hpp"
 
 #include <streampool/capture_pool.hpp>
 #include <streampool/error.hpp>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <optional>
 #include <thread>
 
 using fake_test::end_and_discard;
@@ -115,4 +121,108 @@ TEST_CASE("a legacy stream's block dropped while cudaStreamPerThread captures le
   CHECK(parts.parked_blocks == 0);
   CHECK(parts.stranded_blocks == 0);
   CHECK(pool->stats().live_allocations.current == 0);
+}
+
+// A capture with a pool that another thread begins on its per-thread stream (a blocking one),
+// just before the next `call` of `device` reaches the fake, waited for up to 200 ms there;
+// `make()` makes the call. What became of the capture is read before the thread ends it.
+struct BlockingBegin {
+  bool fired_in = false;      // the hook ran inside make()
+  bool began = false;         // the begin returned
+  bool began_before = false;  // ... by the time the call was made
+  CaptureStatus during = CaptureStatus::none;
+
+  BlockingBegin(HookedPool& pool, HookedDevice::Call call, CaptureMode mode,
+                const std::function<void()>& make) {
+    FakeDevice& fake = pool.fake();
+    auto capture = std::make_shared<streampool::CapturePool>(*pool);
+    std::promise<void> go;
+    std::promise<void> finish;
+    std::atomic<bool> begun{false};
+    std::thread capturer([&, go_now = go.get_future(), finish_now = finish.get_future()]() mutable {
+      go_now.wait();
+      try {
+        streampool::begin_capture_with_pool(capture, cudaStreamPerThread, mode);
+        begun = true;
+      } catch (const streampool::Error&) {
+      }
+      finish_now.wait();
+      if (fake.capture_info(cudaStreamPerThread, &during, nullptr) != cudaSuccess) {
+        during = CaptureStatus::none;
+      }
+      try {
+        streampool::CapturedGraph graph =
+            streampool::end_capture_with_pool(cudaStreamPerThread, capture);
+      } catch (const streampool::Error&) {
+      }
+    });
+    bool fired = false;
+    pool.device->before_next(call, [&] {
+      fired = true;
+      go.set_value();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while (!begun && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      began_before = begun;
+    });
+    make();
+    fired_in = fired;
+    pool.device->run_unfired();  // else the capture begins now, so that the thread ends
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!begun && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    began = begun;
+    finish.set_value();
+    capturer.join();
+  }
+};
+
+// The same, with the capture's begin on another thread coming between a call's look at the
+// legacy stream (not yet refused: nothing captures) and the call, which would then invalidate
+// the capture: the drop's fence, release_stream's synchronize, cross_stream_wait's wait. The
+// begin waits for the call, in every mode (found in review, 2026-12-08: the legacy stream's calls
+// were made under no permit).
+TEST_CASE("a capture with a pool of a blocking stream begun while a call on the legacy stream is "
+          "past its look at the gate waits for that call, in every mode") {
+  const CaptureMode mode =
+      GENERATE(CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed);
+  CAPTURE(static_cast<int>(mode));
+  streampool::PoolOptions options = one_block_slabs();  // a miss looks at other streams
+  options.fence_every_free = true;  // a drop on the legacy stream records a fence there
+  options.cross_stream_wait = true;
+  HookedPool pool(options);
+  FakeDevice& fake = pool.fake();
+  // A second stream seen first: otherwise the begin's registration of its stream, the pool's
+  // second, takes every stream's lock (StreamRegistry::note_several), and waits for the drop's.
+  cudaStream_t a = fake.create_stream();
+  Bytes::alloc_async(*pool, 4 * KiB, a).reset();
+  HookedDevice::Call call = HookedDevice::Call::event_record;
+  std::function<void()> make;
+  std::optional<Bytes> held;
+  SECTION("the fence of a drop") {
+    held = Bytes::alloc_async(*pool, 4 * KiB, cudaStreamLegacy);
+    call = HookedDevice::Call::event_record;
+    make = [&] { held.reset(); };
+  }
+  SECTION("the synchronize of release_stream") {
+    {
+      auto buffer = Bytes::alloc_async(*pool, 4 * KiB, cudaStreamLegacy);
+      fake.launch(cudaStreamLegacy, {{buffer.data(), 4 * KiB, true}});
+    }  // fenced on the legacy stream, pending
+    call = HookedDevice::Call::stream_synchronize;
+    make = [&] { pool->release_stream(cudaStreamLegacy); };
+  }
+  SECTION("the wait of a miss on another stream's pending fence (cross_stream_wait)") {
+    {
+      auto on_a = Bytes::alloc_async(*pool, 4 * KiB, a);
+      fake.launch(a, {{on_a.data(), 4 * KiB, true}});
+    }  // fenced on a, pending: the legacy stream's miss waits on that fence
+    call = HookedDevice::Call::stream_wait_event;
+    make = [&] { Bytes::alloc_async(*pool, 4 * KiB, cudaStreamLegacy).reset(); };
+  }
+  CAPTURE(static_cast<int>(call));
+  const BlockingBegin begin(pool, call, mode, make);
+  REQUIRE(begin.fired_in);  // the call was made
+  CHECK(begin.began);
+  CHECK_FALSE(begin.began_before);
+  CHECK(begin.during == CaptureStatus::active);
+  fake.complete_all();
 }

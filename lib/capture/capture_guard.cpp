@@ -191,19 +191,27 @@ void on_thread_exit(void*) noexcept {
 // counted itself. A permit taken after that sees the count (both sides sequentially consistent:
 // a permit's increment then its reading of the counts, a begin's counting then its reading of
 // the slots), and is refused at once unless its call is one the capture allows. Two counts a
-// slot: the calls every capture refuses (a free, a device synchronize), for which every begin
-// waits, and the rest, which only a global capture refuses on other threads (Restricted), for
-// which only a global begin waits, or a thread-local one noted for another thread: a relaxed
-// begin waiting for another thread's cudaMalloc, which it allows, would only be delayed.
+// slot: the calls every capture refuses (a free, a device synchronize, the legacy stream's
+// calls), for which every begin waits, and the rest, which only a global capture refuses on
+// other threads (Restricted), for which only a global begin waits: a relaxed begin waiting for
+// another thread's cudaMalloc, which it allows, would only be delayed, and a thread-local
+// capture refuses them on its own thread alone, whose calls end before it begins (found in
+// review, 2026-12-08: a thread-local one noted for another thread waited for every thread's,
+// and threads that kept making them could hold it off without end).
 struct alignas(64) PermitSlot {
   std::atomic<int> strict{0};
   std::atomic<int> moded{0};
 };
 constexpr std::size_t permit_slots = 64;
 PermitSlot permits[permit_slots];
+// A call every capture refuses (each begin waits for it).
+bool strict(Restricted call) noexcept {
+  return call == Restricted::free || call == Restricted::device_sync ||
+         call == Restricted::legacy_stream;
+}
 std::atomic<int>& permit_slot(Restricted call) noexcept {
   PermitSlot& slot = permits[this_thread_token() % permit_slots];
-  return call == Restricted::free || call == Restricted::device_sync ? slot.strict : slot.moded;
+  return strict(call) ? slot.strict : slot.moded;
 }
 // Permits held by this thread: a begin on a thread that holds one would wait for itself.
 thread_local int permits_here = 0;
@@ -289,8 +297,7 @@ std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
   gate_engagements.fetch_add(1, std::memory_order_seq_cst);
   // Counted: every later check sees it. Calls already past their checks complete first (CUDA
   // has not begun the capture yet: the caller begins it after this).
-  wait_for_permits(mode == CaptureMode::global ||
-                   (mode == CaptureMode::thread_local_ && thread != std::this_thread::get_id()));
+  wait_for_permits(mode == CaptureMode::global);
   return note;
 }
 
@@ -392,7 +399,7 @@ bool settled_here(cudaStream_t stream) noexcept {
 namespace {
 // Sequentially consistent readings: a permit's (take_permit) against a begin's (above).
 bool allowed_now(Restricted call) noexcept {
-  if (call == Restricted::device_sync || call == Restricted::free) {
+  if (strict(call)) {
     return gate_engagements.load(std::memory_order_seq_cst) == 0;
   }
   if (global_captures.load(std::memory_order_seq_cst) != 0) return false;

@@ -63,6 +63,10 @@ void EventPool::give(cudaEvent_t event) noexcept {
 FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   STREAMPOOL_ASSERT(s.addressable());
   STREAMPOOL_ASSERT((s.attention.load(std::memory_order_relaxed) & retired) == 0);
+  // The legacy stream's record is refused while a blocking stream captures: under a permit taken
+  // before the look at the gate (gate.hpp, EnqueuePermit).
+  const EnqueuePermit enqueue(s.handle);
+  if (!enqueue) return FenceResult::failed;
   // A fence recorded on a capturing stream would belong to the graph (and never complete here).
   const GateStatus status = gate_status(*device_, s.handle);
   if (status.error != cudaSuccess || status.capturing()) return FenceResult::failed;
@@ -88,7 +92,7 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   } else {
     // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
     if (!may_block) return FenceResult::failed;
-    const CallPermit permit(Restricted::stream_sync);
+    const CallPermit permit(sync_of(s.handle));
     if (!permit || device_->stream_synchronize(s.handle) != cudaSuccess) {
       return FenceResult::failed;
     }
@@ -135,14 +139,16 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   s.lock.lock();
   if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0) {
     switch (record_fence(s)) {
-      case FenceResult::recorded:
-        event = events_.take();
+      case FenceResult::recorded: {
+        const EnqueuePermit enqueue(s.handle);  // the gate was looked at under record_fence's
+        event = enqueue ? events_.take() : nullptr;
         if (event != nullptr && device_->event_record(event, s.handle) != cudaSuccess) {
           events_.give(event);
           event = nullptr;
         }
         if (event == nullptr) unmarked = s.handle;
         break;
+      }
       case FenceResult::synchronized:
         done = true;  // waited for already, under the lock
         break;
@@ -159,7 +165,7 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   } else if (unmarked != nullptr) {
     // As a fence that cannot be made: wait for the whole stream instead, counted. (The caller
     // allocates on s, so its handle still names it.)
-    const CallPermit permit(Restricted::stream_sync);
+    const CallPermit permit(sync_of(unmarked));
     done = blocking = permit && device_->stream_synchronize(unmarked) == cudaSuccess;
   }
   if (done) {

@@ -43,6 +43,10 @@ enum class Restricted {
   stream_sync,   // cudaStreamSynchronize of a stream not capturing: likewise
   free,          // cudaFree: it synchronizes the device, so never during any capture
   device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
+  // An event record on, a wait of, or a synchronize of the legacy stream: while a blocking
+  // stream captures, in any mode, CUDA refuses each from any thread and invalidates that capture
+  // (cudaErrorStreamCaptureImplicit, seen on an H100). Taken as a free (any capture).
+  legacy_stream,
   // cuMemCreate, cuMemMap, cuMemSetAccess (and cuMemUnmap, cuMemRelease of what a failed growth
   // mapped): allowed during a capture of every mode, from any thread, and the capture stays
   // active (the device contract asserts it, on the H200 too). Not the reservation of addresses
@@ -91,6 +95,30 @@ class CallPermit {
 
  private:
   std::atomic<int>* slot_ = nullptr;
+};
+
+// The legacy default stream: a null handle, or cudaStreamLegacy.
+inline bool is_legacy_stream(cudaStream_t stream) noexcept {
+  return stream == nullptr || stream == cudaStreamLegacy;
+}
+// What a synchronize of `stream` is.
+inline Restricted sync_of(cudaStream_t stream) noexcept {
+  return is_legacy_stream(stream) ? Restricted::legacy_stream : Restricted::stream_sync;
+}
+// For an event record on, or a wait of, `stream`, taken before the look at the gate that allows
+// it: a permit where `stream` is the legacy stream (Restricted::legacy_stream); no other stream's
+// calls are restricted by another's capture, and its own capture is its gate's. True when the
+// call may be made.
+class EnqueuePermit {
+ public:
+  explicit EnqueuePermit(cudaStream_t stream) noexcept
+      : needed_(is_legacy_stream(stream)),
+        permit_(needed_ ? CallPermit(Restricted::legacy_stream) : CallPermit()) {}
+  explicit operator bool() const noexcept { return !needed_ || static_cast<bool>(permit_); }
+
+ private:
+  bool needed_;
+  CallPermit permit_;
 };
 
 // The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA
