@@ -1,7 +1,7 @@
 // The legacy default stream while a blocking stream (cudaStreamPerThread) captures: CUDA refuses
 // every call naming the legacy stream with cudaErrorStreamCaptureImplicit, and those that enqueue
-// on it (an event record, a wait) invalidate the capture as well (seen on an H100, 2026-12-06;
-// the device contract's case). A pool serving a buffer of the legacy stream then may not ask
+// on it (an event record, a wait) or synchronize it invalidate the capture as well (seen on an
+// H100, 2026-12-06; the device contract's case). A non-blocking stream's capture restricts none. A pool serving a buffer of the legacy stream then may not ask
 // that stream anything it cannot answer by failing the request, and may not invalidate a
 // capture it has no part in, however the buffer comes back.
 #include "fake_helpers.hpp"
@@ -224,5 +224,43 @@ TEST_CASE("a capture with a pool of a blocking stream begun while a call on the 
   CHECK(begin.began);
   CHECK_FALSE(begin.began_before);
   CHECK(begin.during == CaptureStatus::active);
+  fake.complete_all();
+}
+
+// A non-blocking stream's capture restricts none of the legacy stream's calls (the device
+// contract): beside a capture with a pool on one, in every mode, a drop on the legacy stream is
+// fenced there, and (where the mode allows a stream synchronize) release_stream of the legacy
+// stream waits for it, so that its memory comes back at once (found in review, 2026-12-08: for a
+// while every capture refused them, and the legacy stream's memory waited for a later fence or a
+// device synchronize).
+TEST_CASE("beside a capture with a pool of a non-blocking stream the legacy stream's drops are "
+          "fenced, and its release waits for it, in every mode") {
+  const CaptureMode mode =
+      GENERATE(CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed);
+  CAPTURE(static_cast<int>(mode));
+  streampool::PoolOptions options = test_options();
+  options.fence_every_free = true;
+  PoolOnFake pool(options);
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  Bytes::alloc_async(*pool, 4 * KiB, a).reset();  // a second stream seen
+  cudaStream_t captured = fake.create_stream();   // non-blocking
+  auto on_legacy = Bytes::alloc_async(*pool, 4 * KiB, cudaStreamLegacy);
+  fake.launch(cudaStreamLegacy, {{on_legacy.data(), 4 * KiB, true}});  // stays pending
+  auto capture = std::make_shared<streampool::CapturePool>(*pool);
+  streampool::begin_capture_with_pool(capture, captured, mode);
+  const std::uint64_t fences_before = pool->stats().fences_recorded;
+  on_legacy.reset();
+  const std::uint64_t fenced = pool->stats().fences_recorded - fences_before;
+  const std::uint64_t syncs_before = fake.calls(FakeDevice::Call::stream_synchronize);
+  pool->release_stream(cudaStreamLegacy);
+  const std::uint64_t synchronized = fake.calls(FakeDevice::Call::stream_synchronize) - syncs_before;
+  const CaptureStatus during = status_of(fake, captured);
+  streampool::CapturedGraph graph = streampool::end_capture_with_pool(captured, capture);
+  CHECK(during == CaptureStatus::active);
+  CHECK(fenced == 1);
+  // A global capture refuses a stream synchronize from any thread, a thread-local one from its
+  // own: only a relaxed one leaves it to the legacy stream's release.
+  CHECK(synchronized == (mode == CaptureMode::relaxed ? 1u : 0u));
   fake.complete_all();
 }

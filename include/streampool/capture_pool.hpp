@@ -276,9 +276,11 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // (streampool_torch's route 2 does, while PyTorch's cache asks it for a segment during a capture);
 // `thread` is the thread whose calls a thread-local capture restricts. The constructor, as a
 // begin, waits for the calls of the pool's that other threads decided on before it and that the
-// mode refuses (a device synchronize of a trim among them): made before the framework's
-// cudaStreamBeginCapture, no such call is made during the capture; made after it, calls already
-// decided may still be. It throws std::bad_alloc where host memory has run out (nothing is then
+// mode refuses (a device synchronize of a trim among them; of a thread-local capture, only those
+// every capture refuses: its own thread's calls end before it begins): made before the
+// framework's cudaStreamBeginCapture, no such call is made during the capture; made after it,
+// calls already decided may still be. The capture's stream is taken as a blocking one (its
+// capture restricts the legacy stream's calls). It throws std::bad_alloc where host memory has run out (nothing is then
 // counted).
 class STREAMPOOL_API CaptureNotice {
  public:

@@ -63,16 +63,17 @@ void EventPool::give(cudaEvent_t event) noexcept {
 FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   STREAMPOOL_ASSERT(s.addressable());
   STREAMPOOL_ASSERT((s.attention.load(std::memory_order_relaxed) & retired) == 0);
-  // The legacy stream's record is refused while a blocking stream captures: under a permit taken
-  // before the look at the gate (gate.hpp, EnqueuePermit).
-  const EnqueuePermit enqueue(s.handle);
-  if (!enqueue) return FenceResult::failed;
   // A fence recorded on a capturing stream would belong to the graph (and never complete here).
   const GateStatus status = gate_status(*device_, s.handle);
   if (status.error != cudaSuccess || status.capturing()) return FenceResult::failed;
   // Nobody may ask for this stream's blocks for a long while: learn here too which of its fences
   // completed, so that its fences (and their events) do not pile up.
   if (s.fences.size() >= 8) refresh(s);
+  // The legacy stream's record is refused while a blocking stream captures: under a permit
+  // (gate.hpp, LegacyPermit), whose own look decides (that stream never captures itself), taken
+  // after the refresh so that a begin does not wait for its queries.
+  const LegacyPermit enqueue(s.handle);
+  if (!enqueue) return FenceResult::failed;
   const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
   FenceResult result = FenceResult::failed;
   if (cudaEvent_t event = events_.take(); event != nullptr) {
@@ -92,7 +93,7 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   } else {
     // No fence: wait for the stream on the CPU instead. Correct, only slower; counted.
     if (!may_block) return FenceResult::failed;
-    const CallPermit permit(sync_of(s.handle));
+    const SyncPermit permit(s.handle);
     if (!permit || device_->stream_synchronize(s.handle) != cudaSuccess) {
       return FenceResult::failed;
     }
@@ -134,19 +135,20 @@ void PoolCore::refresh(StreamState& s) noexcept {
 
 bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   cudaEvent_t event = nullptr;
-  cudaStream_t unmarked = nullptr;  // recorded a fence, but no event of ours after it
+  bool unmarked = false;  // recorded a fence, but no event of ours after it
   bool done = false;
   s.lock.lock();
+  const cudaStream_t handle = s.handle;  // the caller allocates on s: it still names s
   if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0) {
     switch (record_fence(s)) {
       case FenceResult::recorded: {
-        const EnqueuePermit enqueue(s.handle);  // the gate was looked at under record_fence's
+        const LegacyPermit enqueue(handle);  // the gate was looked at under record_fence's
         event = enqueue ? events_.take() : nullptr;
-        if (event != nullptr && device_->event_record(event, s.handle) != cudaSuccess) {
+        if (event != nullptr && device_->event_record(event, handle) != cudaSuccess) {
           events_.give(event);
           event = nullptr;
         }
-        if (event == nullptr) unmarked = s.handle;
+        unmarked = event == nullptr;
         break;
       }
       case FenceResult::synchronized:
@@ -162,11 +164,11 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
     const CallPermit permit(Restricted::event_wait);
     done = permit && device_->event_synchronize(event) == cudaSuccess;
     events_.give(event);
-  } else if (unmarked != nullptr) {
-    // As a fence that cannot be made: wait for the whole stream instead, counted. (The caller
-    // allocates on s, so its handle still names it.)
-    const CallPermit permit(sync_of(unmarked));
-    done = blocking = permit && device_->stream_synchronize(unmarked) == cudaSuccess;
+  } else if (unmarked) {
+    // As a fence that cannot be made: wait for the whole stream instead, counted (of the legacy
+    // stream, a null handle, too: found in review, 2026-12-08).
+    const SyncPermit permit(handle);
+    done = blocking = permit && device_->stream_synchronize(handle) == cudaSuccess;
   }
   if (done) {
     s.lock.lock();

@@ -45,7 +45,9 @@ enum class Restricted {
   device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
   // An event record on, a wait of, or a synchronize of the legacy stream: while a blocking
   // stream captures, in any mode, CUDA refuses each from any thread and invalidates that capture
-  // (cudaErrorStreamCaptureImplicit, seen on an H100). Taken as a free (any capture).
+  // (cudaErrorStreamCaptureImplicit, seen on an H100). Refused while a capture is counted whose
+  // stream may be blocking (a per-thread stream, an explicit one without cudaStreamNonBlocking,
+  // or one the layer cannot tell), which waits for it as it begins.
   legacy_stream,
   // cuMemCreate, cuMemMap, cuMemSetAccess (and cuMemUnmap, cuMemRelease of what a failed growth
   // mapped): allowed during a capture of every mode, from any thread, and the capture stays
@@ -101,17 +103,14 @@ class CallPermit {
 inline bool is_legacy_stream(cudaStream_t stream) noexcept {
   return stream == nullptr || stream == cudaStreamLegacy;
 }
-// What a synchronize of `stream` is.
-inline Restricted sync_of(cudaStream_t stream) noexcept {
-  return is_legacy_stream(stream) ? Restricted::legacy_stream : Restricted::stream_sync;
-}
-// For an event record on, or a wait of, `stream`, taken before the look at the gate that allows
-// it: a permit where `stream` is the legacy stream (Restricted::legacy_stream); no other stream's
-// calls are restricted by another's capture, and its own capture is its gate's. True when the
-// call may be made.
-class EnqueuePermit {
+// For a call on `stream` that a blocking stream's capture refuses where `stream` is the legacy one
+// (an event record, a wait, a synchronize: Restricted::legacy_stream): a permit on the legacy
+// stream, whose own look decides (that stream never captures itself); no other stream's calls
+// are restricted by another stream's capture, and its own capture is its gate's. True when the
+// call may be made; held until it returns.
+class LegacyPermit {
  public:
-  explicit EnqueuePermit(cudaStream_t stream) noexcept
+  explicit LegacyPermit(cudaStream_t stream) noexcept
       : needed_(is_legacy_stream(stream)),
         permit_(needed_ ? CallPermit(Restricted::legacy_stream) : CallPermit()) {}
   explicit operator bool() const noexcept { return !needed_ || static_cast<bool>(permit_); }
@@ -119,6 +118,20 @@ class EnqueuePermit {
  private:
   bool needed_;
   CallPermit permit_;
+};
+// For a synchronize of `stream`: refused where the capture's mode refuses cudaStreamSynchronize
+// (Restricted::stream_sync), and on the legacy stream where a blocking stream captures.
+class SyncPermit {
+ public:
+  explicit SyncPermit(cudaStream_t stream) noexcept
+      : sync_(Restricted::stream_sync), legacy_(stream) {}
+  explicit operator bool() const noexcept {
+    return static_cast<bool>(sync_) && static_cast<bool>(legacy_);
+  }
+
+ private:
+  CallPermit sync_;
+  LegacyPermit legacy_;
 };
 
 // The capture layer counts over each capture it left under way (capture_guard.hpp) that CUDA

@@ -308,7 +308,7 @@ Block* LargeTier::waitable(StreamState& s, std::size_t bytes) noexcept {
     ++scanned;
     StreamState* owner = range->need.timeline->stream;
     if (owner == nullptr) continue;  // waits for a device synchronize: nothing to wait on
-    const EnqueuePermit wait(s.handle);
+    const LegacyPermit wait(s.handle);
     if (!wait) return nullptr;
     owner->lock.lock();
     const Fence* fence = pool_.fence_at(*owner, range->need.index);

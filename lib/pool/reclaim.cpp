@@ -355,7 +355,7 @@ void PoolCore::release_stream(cudaStream_t stream) {
   s->lock.unlock();
   bool waited = false;
   if (pending) {
-    const CallPermit permit(sync_of(stream));
+    const SyncPermit permit(stream);
     waited = permit && device_->stream_synchronize(stream) == cudaSuccess;
   }
   if (waited) {

@@ -91,7 +91,7 @@ Block* SmallTier::steal(StreamState& s, std::uint32_t size_class) noexcept {
         oldest.index < other->timeline.recorded.load(std::memory_order_relaxed)) {
       // The fence is recorded but still pending: wait on it on the GPU rather than grow.
       const Fence* fence = pool_.fence_at(*other, oldest.index);
-      const EnqueuePermit wait(s.handle);
+      const LegacyPermit wait(s.handle);
       if (fence != nullptr && wait &&
           pool_.device().stream_wait_event(s.handle, fence->event) == cudaSuccess) {
         while (n < batch && !list.empty() && list.tail->need.index <= fence->index) {
