@@ -326,10 +326,6 @@ cudaError_t CudaDevice::stream_id(cudaStream_t stream, StreamId* id) noexcept {
   return on_device(ordinal_, [&] { return cudaStreamGetId(stream, id); });
 }
 
-cudaError_t CudaDevice::stream_flags(cudaStream_t stream, unsigned* flags) noexcept {
-  return on_device(ordinal_, [&] { return cudaStreamGetFlags(stream, flags); });
-}
-
 cudaError_t CudaDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
                                      CaptureId* id) noexcept {
   if (driver_capture_info_ != nullptr && explicit_stream(stream)) {

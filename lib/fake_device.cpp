@@ -1928,18 +1928,6 @@ cudaError_t FakeDevice::capture_info(cudaStream_t stream, CaptureStatus* status,
   return cudaSuccess;
 }
 
-cudaError_t FakeDevice::stream_flags(cudaStream_t stream, unsigned* flags) noexcept {
-  State& s = *state_;
-  std::lock_guard lock(s.mutex);
-  if (cudaError_t e = s.enter(Call::stream_flags); e != cudaSuccess) return e;
-  Stream* target = s.called_stream(stream, "cudaStreamGetFlags");
-  if (target == nullptr) return cudaErrorInvalidResourceHandle;
-  // The legacy stream as its status query (not asserted by the contract: the pool never asks).
-  if (s.implicit_dependency(*target)) return cudaErrorStreamCaptureImplicit;
-  *flags = target->blocking || target->id == s.legacy ? cudaStreamDefault : cudaStreamNonBlocking;
-  return cudaSuccess;
-}
-
 // --- the seam: capture and graphs -------------------------------------------------------------
 
 cudaError_t FakeDevice::begin_capture(cudaStream_t stream, CaptureMode mode) noexcept {

@@ -164,45 +164,6 @@ TEMPLATE_TEST_CASE("stream ids tell streams apart where handles cannot", "[contr
   }
 }
 
-// A capture with a pool asks its stream's flags before it begins: whether the stream is a
-// blocking one, whose capture restricts the legacy stream's calls (below). Asked while another
-// stream captures in any mode, from any thread, the capture goes on.
-TEMPLATE_TEST_CASE("stream flags tell a blocking stream from a non-blocking one, beside another "
-                   "stream's capture of every mode too",
-                   "[contract][capture]", STREAMPOOL_CONTRACT_HARNESSES) {
-  using contract::end_and_discard;
-  using contract::status_of;
-  TestType h;
-  auto& device = h.device();
-  cudaStream_t stream = h.create_stream();  // non-blocking, as every harness makes them
-  unsigned flags = 0;
-  REQUIRE(device.stream_flags(stream, &flags) == cudaSuccess);
-  CHECK((flags & cudaStreamNonBlocking) != 0);
-  REQUIRE(device.stream_flags(cudaStreamPerThread, &flags) == cudaSuccess);
-  CHECK((flags & cudaStreamNonBlocking) == 0);
-  cudaStream_t captured = h.create_stream();
-  for (CaptureMode mode : {CaptureMode::global, CaptureMode::thread_local_, CaptureMode::relaxed}) {
-    DYNAMIC_SECTION("asked during a capture of another stream in " << contract::mode_name(mode)
-                                                                    << " mode") {
-      REQUIRE(device.begin_capture(captured, mode) == cudaSuccess);
-      unsigned here = 0;
-      const cudaError_t asked_here = device.stream_flags(stream, &here);
-      unsigned there = 0;
-      cudaError_t asked_there = cudaErrorUnknown;
-      std::thread([&] { asked_there = device.stream_flags(stream, &there); }).join();
-      const CaptureStatus during = status_of(device, captured);
-      // End the capture before any REQUIRE can fail, so that no capture outlives the test.
-      const cudaError_t ended = end_and_discard(device, captured);
-      CHECK(asked_here == cudaSuccess);
-      CHECK((here & cudaStreamNonBlocking) != 0);
-      CHECK(asked_there == cudaSuccess);
-      CHECK((there & cudaStreamNonBlocking) != 0);
-      CHECK(during == CaptureStatus::active);
-      CHECK(ended == cudaSuccess);
-    }
-  }
-}
-
 TEMPLATE_TEST_CASE("malloc beyond what the device has fails with cudaErrorMemoryAllocation",
                    "[contract]", STREAMPOOL_CONTRACT_HARNESSES) {
   TestType h;

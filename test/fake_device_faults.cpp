@@ -60,7 +60,6 @@ struct CallFixture {
     std::size_t total_bytes = 0;
     cudaEvent_t new_event = nullptr;
     StreamId id = 0;
-    unsigned flags = 0;
     CaptureStatus status = CaptureStatus::none;
     cudaGraph_t new_graph = nullptr;
     cudaGraphExec_t new_exec = nullptr;
@@ -92,7 +91,6 @@ struct CallFixture {
       case Call::device_synchronize: return device.device_synchronize();
       case Call::stream_id: return device.stream_id(stream, &id);
       case Call::capture_info: return device.capture_info(stream, &status, nullptr);
-      case Call::stream_flags: return device.stream_flags(stream, &flags);
       case Call::begin_capture: return device.begin_capture(stream, CaptureMode::relaxed);
       case Call::end_capture: return device.end_capture(stream, &new_graph);
       case Call::graph_instantiate: return device.graph_instantiate(&new_exec, graph);
@@ -138,7 +136,6 @@ constexpr DefaultFault every_call[] = {
     {Call::device_synchronize, "device_synchronize", cudaErrorLaunchFailure},
     {Call::stream_id, "stream_id", cudaErrorLaunchFailure},
     {Call::capture_info, "capture_info", cudaErrorLaunchFailure},
-    {Call::stream_flags, "stream_flags", cudaErrorLaunchFailure},
     {Call::begin_capture, "begin_capture", cudaErrorLaunchFailure},
     {Call::end_capture, "end_capture", cudaErrorLaunchFailure},
     {Call::graph_instantiate, "graph_instantiate", cudaErrorMemoryAllocation},

@@ -279,8 +279,7 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // mode refuses (a device synchronize of a trim among them; of a thread-local capture, only those
 // every capture refuses: its own thread's calls end before it begins): made before the
 // framework's cudaStreamBeginCapture, no such call is made during the capture; made after it,
-// calls already decided may still be. The capture's stream is taken as a blocking one (its
-// capture restricts the legacy stream's calls). It throws std::bad_alloc where host memory has run out (nothing is then
+// calls already decided may still be. It throws std::bad_alloc where host memory has run out (nothing is then
 // counted).
 class STREAMPOOL_API CaptureNotice {
  public:

@@ -92,7 +92,6 @@ class CaptureBinding {
     Need before;  // covers the stream's work enqueued before the capture began
     std::uint64_t token = 0;  // the capturing thread's this_thread_token()
     std::uint64_t note = 0;   // note_capture_begin's, for its end (capture_guard.hpp)
-    bool blocking = true;     // the stream may be a blocking one (CaptureCount)
     // Whether this thread names the capture's stream by its handle, and so can ask CUDA about it:
     // all but cudaStreamPerThread on another thread than the capturing one (there it names that
     // thread's own stream).

@@ -26,7 +26,6 @@ namespace {
 
 std::atomic<int> global_captures{0};
 std::atomic<int> thread_local_captures{0};
-std::atomic<int> blocking_captures{0};  // of streams that may be blocking (CaptureCount)
 
 // Thread-local-mode captures per thread that began them. Kept here rather than in thread_local
 // storage because the capture may be ended (or abandoned) from another thread.
@@ -41,7 +40,8 @@ PerThread& per_thread() noexcept { return never_destroyed<PerThread>(); }
 // Captures left under way (capture_guard.hpp), and the threads that began captures and have not
 // exited (by this_thread_token(), which no later thread gets).
 struct Left {
-  CaptureCount count;
+  CaptureMode mode;
+  std::thread::id thread;
   std::uint64_t token;
   std::shared_ptr<Device> device;  // asked for the capture status of its stream
   cudaStream_t stream;             // cudaStreamPerThread: the thread's (`token`) own
@@ -70,7 +70,8 @@ struct LeftCaptures {
   struct Held {
     std::uint64_t note;
     std::uint64_t token;
-    CaptureCount count;
+    CaptureMode mode;
+    std::thread::id thread;
   };
   std::vector<Held> held;
   std::uint64_t notes = 0;  // the last Held::note given
@@ -125,11 +126,11 @@ void settle(Mine&& is_mine, Over&& over) noexcept {
         found = true;
       }
     }
-    if (found) note_capture_end(next->count);
+    if (found) note_capture_end(next->mode, next->thread);
   }
 }
 
-void uncount(const CaptureCount& count) noexcept;
+void uncount(CaptureMode mode, std::thread::id thread) noexcept;
 
 // At the exit of a thread that began a capture of its per-thread stream: CUDA ends the stream's
 // captures with the thread, and what was left to it can no longer be ended by it. Not in a C++
@@ -174,7 +175,7 @@ void on_thread_exit(void*) noexcept {
       mine = *it;
       l.held.erase(it);
     }
-    uncount(mine->count);
+    uncount(mine->mode, mine->thread);
   }
   // Left ones: its per-thread stream's captures are over. An explicit stream's capture goes on
   // without it.
@@ -189,10 +190,9 @@ void on_thread_exit(void*) noexcept {
 // threads rarely share a line): a begin waits for each slot to be empty at some moment after it
 // counted itself. A permit taken after that sees the count (both sides sequentially consistent:
 // a permit's increment then its reading of the counts, a begin's counting then its reading of
-// the slots), and is refused at once unless its call is one the capture allows. Three counts a
-// slot: the calls every capture refuses (a free, a device synchronize), for which every begin
-// waits; the legacy stream's calls, which only the capture of a blocking stream refuses, for
-// which only such a begin waits; and the rest, which only a global capture refuses on
+// the slots), and is refused at once unless its call is one the capture allows. Two counts a
+// slot: the calls every capture refuses (a free, a device synchronize, the legacy stream's
+// calls), for which every begin waits, and the rest, which only a global capture refuses on
 // other threads (Restricted), for which only a global begin waits: a relaxed begin waiting for
 // another thread's cudaMalloc, which it allows, would only be delayed, and a thread-local
 // capture refuses them on its own thread alone, whose calls end before it begins (found in
@@ -201,17 +201,16 @@ void on_thread_exit(void*) noexcept {
 struct alignas(64) PermitSlot {
   std::atomic<int> strict{0};
   std::atomic<int> moded{0};
-  std::atomic<int> legacy{0};
 };
 constexpr std::size_t permit_slots = 64;
 PermitSlot permits[permit_slots];
 // A call every capture refuses (each begin waits for it).
 bool strict(Restricted call) noexcept {
-  return call == Restricted::free || call == Restricted::device_sync;
+  return call == Restricted::free || call == Restricted::device_sync ||
+         call == Restricted::legacy_stream;
 }
 std::atomic<int>& permit_slot(Restricted call) noexcept {
   PermitSlot& slot = permits[this_thread_token() % permit_slots];
-  if (call == Restricted::legacy_stream) return slot.legacy;
   return strict(call) ? slot.strict : slot.moded;
 }
 // Permits held by this thread: a begin on a thread that holds one would wait for itself.
@@ -221,14 +220,13 @@ thread_local int permits_here = 0;
 // longer each time up to a millisecond, rather than keep a core that a holder the scheduler took
 // off its own may need. (Waits of hundreds of milliseconds in the stress test of
 // capture_calls.cpp came from a permit held across a loop, since fixed, not from this wait.)
-void wait_for_permits(bool moded_too, bool legacy_too) noexcept {
+void wait_for_permits(bool moded_too) noexcept {
   STREAMPOOL_ASSERT(permits_here == 0);
   for (PermitSlot& slot : permits) {
     int yields = 0;
     auto nap = std::chrono::microseconds(10);
     while (slot.strict.load(std::memory_order_seq_cst) != 0 ||
-           (moded_too && slot.moded.load(std::memory_order_seq_cst) != 0) ||
-           (legacy_too && slot.legacy.load(std::memory_order_seq_cst) != 0)) {
+           (moded_too && slot.moded.load(std::memory_order_seq_cst) != 0)) {
       if (yields < 64) {
         ++yields;
         std::this_thread::yield();
@@ -244,14 +242,13 @@ void wait_for_permits(bool moded_too, bool legacy_too) noexcept {
 
 namespace {
 // The counts of a capture noted begun (note_capture_begin's), taken back.
-void uncount(const CaptureCount& count) noexcept {
+void uncount(CaptureMode mode, std::thread::id thread) noexcept {
   gate_engagements.fetch_sub(1, std::memory_order_acq_rel);
-  if (count.blocking) blocking_captures.fetch_sub(1);
-  if (count.mode == CaptureMode::global) {
+  if (mode == CaptureMode::global) {
     global_captures.fetch_sub(1);
-  } else if (count.mode == CaptureMode::thread_local_) {
+  } else if (mode == CaptureMode::thread_local_) {
     std::lock_guard<std::mutex> lock(per_thread().mutex);
-    auto found = per_thread().count.find(count.thread);
+    auto found = per_thread().count.find(thread);
     if (found != per_thread().count.end() && --found->second == 0) per_thread().count.erase(found);
     thread_local_captures.fetch_sub(1);
   }
@@ -268,7 +265,8 @@ bool take_held(LeftCaptures& l, std::uint64_t note) noexcept {
 }
 }  // namespace
 
-std::uint64_t note_capture_begin(const CaptureCount& count, std::uint64_t per_thread_token) {
+std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
+                                 std::uint64_t per_thread_token) {
   LeftCaptures& l = left_captures();
   std::uint64_t note = 0;
   {
@@ -279,13 +277,13 @@ std::uint64_t note_capture_begin(const CaptureCount& count, std::uint64_t per_th
     ++l.begun;
     if (per_thread_token != 0) {
       note = ++l.notes;
-      l.held.push_back({note, per_thread_token, count});
+      l.held.push_back({note, per_thread_token, mode, thread});
     }
   }
-  if (count.mode == CaptureMode::thread_local_) {
+  if (mode == CaptureMode::thread_local_) {
     try {
       std::lock_guard<std::mutex> lock(per_thread().mutex);
-      ++per_thread().count[count.thread];
+      ++per_thread().count[thread];
       thread_local_captures.fetch_add(1);
     } catch (...) {
       std::lock_guard<std::mutex> lock(l.mutex);
@@ -293,18 +291,17 @@ std::uint64_t note_capture_begin(const CaptureCount& count, std::uint64_t per_th
       take_held(l, note);
       throw;
     }
-  } else if (count.mode == CaptureMode::global) {
+  } else if (mode == CaptureMode::global) {
     global_captures.fetch_add(1);
   }
-  if (count.blocking) blocking_captures.fetch_add(1, std::memory_order_seq_cst);
   gate_engagements.fetch_add(1, std::memory_order_seq_cst);
   // Counted: every later check sees it. Calls already past their checks complete first (CUDA
   // has not begun the capture yet: the caller begins it after this).
-  wait_for_permits(count.mode == CaptureMode::global, count.blocking);
+  wait_for_permits(mode == CaptureMode::global);
   return note;
 }
 
-void note_capture_end(const CaptureCount& count, std::uint64_t note) noexcept {
+void note_capture_end(CaptureMode mode, std::thread::id thread, std::uint64_t note) noexcept {
   bool counted = true;
   {
     LeftCaptures& l = left_captures();
@@ -313,7 +310,7 @@ void note_capture_end(const CaptureCount& count, std::uint64_t note) noexcept {
     --l.begun;
     counted = take_held(l, note);
   }
-  if (counted) uncount(count);
+  if (counted) uncount(mode, thread);
 }
 
 void watch_capturing_thread() {
@@ -331,7 +328,7 @@ void watch_capturing_thread() {
   }
 }
 
-void note_capture_left(const CaptureCount& count, std::uint64_t token,
+void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream, CaptureId id,
                        std::uint64_t note) noexcept {
   {
@@ -346,12 +343,12 @@ void note_capture_left(const CaptureCount& count, std::uint64_t token,
     if (stream != cudaStreamPerThread || l.watched.count(token) != 0) {
       // Its room was taken as it began: no host memory is needed.
       STREAMPOOL_ASSERT(l.left.size() < l.begun && l.begun <= l.left.capacity());
-      l.left.push_back({count, token, std::move(device), stream, id, ++l.serials});
+      l.left.push_back({mode, thread, token, std::move(device), stream, id, ++l.serials});
       l.count.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
-  note_capture_end(count);  // its thread has exited: nothing can end it now
+  note_capture_end(mode, thread);  // its thread has exited: nothing can end it now
 }
 
 GateStatus capture_now(Device& device, cudaStream_t stream) noexcept {
@@ -404,9 +401,6 @@ namespace {
 bool allowed_now(Restricted call) noexcept {
   if (strict(call)) {
     return gate_engagements.load(std::memory_order_seq_cst) == 0;
-  }
-  if (call == Restricted::legacy_stream) {
-    return blocking_captures.load(std::memory_order_seq_cst) == 0;
   }
   if (global_captures.load(std::memory_order_seq_cst) != 0) return false;
   if (thread_local_captures.load(std::memory_order_seq_cst) == 0) return true;

@@ -23,16 +23,9 @@ namespace streampool::detail {
 // the capture when that thread exits, and the exit counts it over, whoever holds it then (found
 // in review, 2026-12-07: one still bound to its CapturePool stayed counted until someone dropped
 // the CapturePool); the holder's later note only forgets it. Other captures: 0.
-// What a capture is counted as: its mode, the thread a thread-local one restricts, and whether its
-// stream may be a blocking one (so that CUDA refuses the legacy stream's calls while it captures:
-// gate.hpp, Restricted::legacy_stream), true where that is not known.
-struct CaptureCount {
-  CaptureMode mode = CaptureMode::global;
-  std::thread::id thread;
-  bool blocking = true;
-};
-std::uint64_t note_capture_begin(const CaptureCount& count, std::uint64_t per_thread_token = 0);
-void note_capture_end(const CaptureCount& count, std::uint64_t note = 0) noexcept;
+std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
+                                 std::uint64_t per_thread_token = 0);
+void note_capture_end(CaptureMode mode, std::thread::id thread, std::uint64_t note = 0) noexcept;
 
 // Left captures: captures that may be under way (CUDA says so, or cannot tell) which the library
 // no longer binds nor ends, so they stay counted (calls_allowed() keeps refusing what they would
@@ -51,7 +44,7 @@ void note_capture_end(const CaptureCount& count, std::uint64_t note = 0) noexcep
 // A note needs no host memory (its room was taken as the capture began), and neither does a
 // settle: a left capture is never counted over for want of host memory.
 void watch_capturing_thread();
-void note_capture_left(const CaptureCount& count, std::uint64_t token,
+void note_capture_left(CaptureMode mode, std::thread::id thread, std::uint64_t token,
                        std::shared_ptr<Device> device, cudaStream_t stream = cudaStreamPerThread,
                        CaptureId id = 0, std::uint64_t note = 0) noexcept;
 // The capture status of `stream` (an explicit stream, or this thread's per-thread one) and the id

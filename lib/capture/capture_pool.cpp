@@ -98,11 +98,6 @@ bool leave_capture(detail::PoolCore& core, cudaStream_t stream, int attempts) no
   return false;
 }
 
-// What the capture guard counts the capture as.
-detail::CaptureCount count_of(const detail::CaptureBinding::Capture& capture) noexcept {
-  return {capture.mode, capture.thread, capture.blocking};
-}
-
 // Unbinds the binding's capture from its stream and from the gate. `over`: the capture is over
 // (ended, or its stream let go); else it is left under way (note_capture_left): a per-thread
 // stream's to its thread, an explicit stream's to whichever thread sees it end.
@@ -114,9 +109,9 @@ void unbind(detail::CaptureBinding& binding, bool over = true) noexcept {
   detail::CaptureGate::of(core).unbind(
       detail::CaptureGate::key_of(capture.stream, capture.origin), capture.id);
   if (over) {
-    detail::note_capture_end(count_of(capture), capture.note);
+    detail::note_capture_end(capture.mode, capture.thread, capture.note);
   } else {
-    detail::note_capture_left(count_of(capture), capture.token, core.shared_device(),
+    detail::note_capture_left(capture.mode, capture.thread, capture.token, core.shared_device(),
                               capture.stream, capture.id, capture.note);
   }
   binding.end_capture();
@@ -208,10 +203,11 @@ void unprepare(detail::CaptureBinding& binding) noexcept {
   const detail::GateStatus now =
       askable ? detail::capture_now(binding.core().device(), capture.stream) : detail::GateStatus{};
   if (!askable || now.restricting()) {
-    detail::note_capture_left(count_of(capture), capture.token, binding.core().shared_device(),
-                              capture.stream, now.id, capture.note);
+    detail::note_capture_left(capture.mode, capture.thread, capture.token,
+                              binding.core().shared_device(), capture.stream, now.id,
+                              capture.note);
   } else {
-    detail::note_capture_end(count_of(capture), capture.note);
+    detail::note_capture_end(capture.mode, capture.thread, capture.note);
   }
   binding.end_capture();  // nothing was dropped in it: only the claim and the record go
 }
@@ -311,10 +307,10 @@ void CapturePool::clear_buffers() noexcept {
 
 CaptureNotice::CaptureNotice(CaptureMode mode, std::thread::id thread)
     : mode_(mode), thread_(thread) {
-  detail::note_capture_begin({mode_, thread_});  // of a stream that may be blocking
+  detail::note_capture_begin(mode_, thread_);
 }
 
-CaptureNotice::~CaptureNotice() { detail::note_capture_end({mode_, thread_}); }
+CaptureNotice::~CaptureNotice() { detail::note_capture_end(mode_, thread_); }
 
 namespace {
 
@@ -344,14 +340,6 @@ void prepare(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream, Capt
     throw detail::error_of(error ? error : detail::Failure(Errc::capture_mismatch),
                            std::string(entry) + ": the stream's identity");
   }
-  // Whether the stream may be a blocking one, whose capture restricts the legacy stream's calls
-  // (gate.hpp, Restricted::legacy_stream): cudaStreamPerThread is; an explicit stream as CUDA
-  // says (a failed answer taken as blocking).
-  bool blocking = true;
-  if (unsigned flags = 0;
-      stream != cudaStreamPerThread && device.stream_flags(stream, &flags) == cudaSuccess) {
-    blocking = (flags & cudaStreamNonBlocking) == 0;
-  }
   // Before anything is claimed: it may throw (out of memory).
   if (stream == cudaStreamPerThread) detail::watch_capturing_thread();
   if (!binding.claim()) {
@@ -378,14 +366,13 @@ void prepare(const std::shared_ptr<CapturePool>& pool, cudaStream_t stream, Capt
   const std::uint64_t token = detail::this_thread_token();
   std::uint64_t note = 0;
   try {
-    note = detail::note_capture_begin({mode, thread, blocking},
-                                      stream == cudaStreamPerThread ? token : 0);
+    note = detail::note_capture_begin(mode, thread, stream == cudaStreamPerThread ? token : 0);
   } catch (...) {
     gate.unbind(key, 0);  // as unprepare() would, had the capture been set
     binding.unclaim();
     throw;
   }
-  binding.set_capture({false, 0, mode, stream, found.state, thread, before, token, note, blocking});
+  binding.set_capture({false, 0, mode, stream, found.state, thread, before, token, note});
 }
 
 bool attach(const std::shared_ptr<CapturePool>& pool, const char* entry) {

@@ -45,9 +45,9 @@ enum class Restricted {
   device_sync,   // cudaDeviceSynchronize: any capture, relaxed ones included (seen on the H200)
   // An event record on, a wait of, or a synchronize of the legacy stream: while a blocking
   // stream captures, in any mode, CUDA refuses each from any thread and invalidates that capture
-  // (cudaErrorStreamCaptureImplicit, seen on an H100). Refused while a capture is counted whose
-  // stream may be blocking (a per-thread stream, an explicit one without cudaStreamNonBlocking,
-  // or one the layer cannot tell), which waits for it as it begins.
+  // (cudaErrorStreamCaptureImplicit, seen on an H100). Taken as a free (any capture): a blocking
+  // stream may join a capture of any stream (a wait on an event recorded in it) unseen by the
+  // library, and restricts the legacy stream from then on (found in review, 2026-12-08).
   legacy_stream,
   // cuMemCreate, cuMemMap, cuMemSetAccess (and cuMemUnmap, cuMemRelease of what a failed growth
   // mapped): allowed during a capture of every mode, from any thread, and the capture stays
