@@ -423,6 +423,41 @@ TEST_CASE("a thread-local capture noticed for another thread does not wait for a
   CHECK(fake.calls(Call::malloc) == 1);
 }
 
+// A capture begun from inside one of the pool's device calls (a Device of the user's that begins
+// one, which device.hpp forbids) would wait for that very call's permit: it is refused with an
+// error instead of waiting for ever (found in review, 2026-12-08: only a debug assert said so).
+TEST_CASE("a capture begun inside a device call of the pool's is refused rather than waiting for "
+          "that call") {
+  HookedPool pool;  // fixed segments: a growth is a cudaMalloc
+  FakeDevice& fake = pool.fake();
+  cudaStream_t a = fake.create_stream();
+  std::atomic<int> refused{-1};  // the Errc of the refusal; 0 where the notice was made
+  pool.device->before_next(Call::malloc, [&] {
+    try {
+      streampool::CaptureNotice notice(CaptureMode::global);
+      refused = 0;
+    } catch (const streampool::Error& e) {
+      refused = e.code().value();
+    }
+  });
+  std::error_code error;
+  std::atomic<bool> done{false};
+  std::thread grower([&] {
+    auto grown = Bytes::try_alloc_async(*pool, 64 * MiB, a, error);
+    done = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  if (!done) {
+    grower.detach();  // waiting for itself for ever: the failure below says so
+    FAIL("the allocation did not return: the begin inside its cudaMalloc waited for it");
+  }
+  grower.join();
+  CHECK(refused == static_cast<int>(Errc::capture_forbids_call));
+  CHECK_FALSE(error);
+  CHECK(fake.calls(Call::malloc) == 1);
+}
+
 // A device whose granularity query answers but whose address reservation says it lacks virtual
 // memory: the growth falls back to cudaMalloc (LargeTier::grow) under the permit it took before
 // those calls, so that a global capture with a pool begun during them waits for it.

@@ -202,7 +202,8 @@ class STREAMPOOL_API CapturedGraph {
 };
 
 // Starts capturing `stream` with `pool` bound to it. Throws Error: invalid_value for a null pool,
-// capture_mismatch if the stream is already bound to a capture, and CUDA's error if the capture
+// capture_mismatch if the stream is already bound to a capture, capture_forbids_call when called
+// from inside a device call of a pool's (a Device's method), and CUDA's error if the capture
 // cannot begin; a capture that began but could not be bound is ended again, as
 // end_capture_with_pool ends one that fails. Should CUDA refuse all four ends, the stream stays
 // capturing and prepared with `pool` (the error says so): end it, then call
@@ -279,7 +280,8 @@ STREAMPOOL_API void detach_capture_with_pool(const std::shared_ptr<CapturePool>&
 // mode refuses (a device synchronize of a trim among them; of a thread-local capture, only those
 // every capture refuses: its own thread's calls end before it begins): made before the
 // framework's cudaStreamBeginCapture, no such call is made during the capture; made after it,
-// calls already decided may still be. It throws std::bad_alloc where host memory has run out (nothing is then
+// calls already decided may still be. It throws std::bad_alloc where host memory has run out, and
+// Error(capture_forbids_call) when made inside a device call of a pool's (nothing is then
 // counted).
 class STREAMPOOL_API CaptureNotice {
  public:

@@ -267,6 +267,13 @@ bool take_held(LeftCaptures& l, std::uint64_t note) noexcept {
 
 std::uint64_t note_capture_begin(CaptureMode mode, std::thread::id thread,
                                  std::uint64_t per_thread_token) {
+  // A begin on a thread that holds a permit (from a Device's method: device.hpp forbids it) would
+  // wait for itself without end.
+  if (permits_here != 0) {
+    throw Error(Errc::capture_forbids_call,
+                "a capture cannot begin inside a device call of the pool's (a Device method): it "
+                "would wait for that call");
+  }
   LeftCaptures& l = left_captures();
   std::uint64_t note = 0;
   {

@@ -17,7 +17,8 @@ namespace streampool::detail {
 // Called before cudaStreamBeginCapture (so that no thread sees the capture under way without
 // knowing of it) and after the capture is over, whatever its outcome. The begin may throw (out
 // of host memory): it takes the room of the capture's note, should it be left (below). It waits
-// for the calls other threads decided on before it (gate.hpp, CallPermit).
+// for the calls other threads decided on before it (gate.hpp, CallPermit); on a thread inside
+// such a call (a Device method) it throws capture_forbids_call, having counted nothing.
 // A capture of cudaStreamPerThread is noted with its thread's this_thread_token(): the begin
 // returns the note's number, which its end (or its note_capture_left) passes back. CUDA ends
 // the capture when that thread exits, and the exit counts it over, whoever holds it then (found
