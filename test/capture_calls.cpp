@@ -412,7 +412,8 @@ TEST_CASE("a thread-local capture noticed for another thread does not wait for a
   std::shared_future<void> noticed = on_own_thread(
       [capturing] { streampool::CaptureNotice notice(CaptureMode::thread_local_, capturing); },
       std::chrono::milliseconds(2000));
-  const bool without_waiting = noticed.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  const bool without_waiting =
+      noticed.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   release.set_value();
   grower.join();
   noticed.wait();

@@ -1,9 +1,9 @@
 // The legacy default stream while a blocking stream (cudaStreamPerThread) captures: CUDA refuses
 // every call naming the legacy stream with cudaErrorStreamCaptureImplicit, and those that enqueue
 // on it (an event record, a wait) or synchronize it invalidate the capture as well (seen on an
-// H100, 2026-12-06; the device contract's case). A pool serving a buffer of the legacy stream then may not ask
-// that stream anything it cannot answer by failing the request, and may not invalidate a
-// capture it has no part in, however the buffer comes back.
+// H100, 2026-12-06; the device contract's case). A pool serving a buffer of the legacy stream
+// then may not ask that stream anything it cannot answer by failing the request, and may not
+// invalidate a capture it has no part in, however the buffer comes back.
 #include "fake_helpers.hpp"
 #include "hooked_device.hpp"
 #include "pool_helpers.hpp"

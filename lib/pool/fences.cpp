@@ -142,7 +142,7 @@ bool PoolCore::wait_for_stream(StreamState& s) noexcept {
   if (s.addressable() && (s.attention.load(std::memory_order_relaxed) & retired) == 0) {
     switch (record_fence(s)) {
       case FenceResult::recorded: {
-        const LegacyPermit enqueue(handle);  // the gate was looked at under record_fence's
+        const LegacyPermit enqueue(handle);  // the mark's record: as record_fence's
         event = enqueue ? events_.take() : nullptr;
         if (event != nullptr && device_->event_record(event, handle) != cudaSuccess) {
           events_.give(event);
