@@ -69,9 +69,9 @@ FenceResult PoolCore::record_fence(StreamState& s, bool may_block) noexcept {
   // Nobody may ask for this stream's blocks for a long while: learn here too which of its fences
   // completed, so that its fences (and their events) do not pile up.
   if (s.fences.size() >= 8) refresh(s);
-  // The legacy stream's record is refused while a blocking stream captures: under a permit
-  // (gate.hpp, LegacyPermit), whose own look decides (that stream never captures itself), taken
-  // after the refresh so that a begin does not wait for its queries.
+  // The gate refuses the legacy stream's record at times (gate.hpp, Restricted::legacy_stream):
+  // under a permit (LegacyPermit) whose own look decides, taken after the refresh so that the
+  // gate's waiter does not wait for its queries.
   const LegacyPermit enqueue(s.handle);
   if (!enqueue) return FenceResult::failed;
   const std::uint64_t index = s.timeline.recorded.load(std::memory_order_relaxed);
