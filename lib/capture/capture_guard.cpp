@@ -395,7 +395,7 @@ bool settled_here(cudaStream_t stream) noexcept {
   settle_left_captures();
   // A per-thread or the legacy stream is never destroyed (and names another stream on each
   // device): nothing to wait for, nor to refuse (review, 2026-12-07).
-  if (stream == cudaStreamPerThread || stream == nullptr || stream == cudaStreamLegacy) return true;
+  if (stream == cudaStreamPerThread || is_legacy_stream(stream)) return true;
   LeftCaptures& l = left_captures();
   { const std::unique_lock<std::shared_mutex> wait(l.asking); }  // no settle still asking
   std::lock_guard<std::mutex> lock(l.mutex);

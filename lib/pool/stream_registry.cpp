@@ -10,7 +10,7 @@ std::atomic<std::uint64_t> next_uid{1};
 thread_local unsigned stream_cache_victim = 0;
 
 bool explicit_stream(cudaStream_t stream) {
-  return stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+  return !is_legacy_stream(stream) && stream != cudaStreamPerThread;
 }
 
 std::atomic<std::uint64_t> next_thread_token{1};
